@@ -1,0 +1,66 @@
+"""Shared entry-point plumbing for ``stages/*.py``: offline defaults and one-line user errors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DVC_NO_ANALYTICS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def offline_defaults() -> None:
+    """Nothing reaches the network at run time unless the user opts in (set the variables to 0)."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def stage(main):
+    """Decorator for stage entry points: a :class:`UserError` becomes ``error: <one line>`` and exit 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        offline_defaults()
+        from dpnrepro.errors import UserError
+
+        try:
+            return main(*args, **kwargs)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            print("interrupted; rerun `dvc repro` to resume from the last checkpoint", file=sys.stderr)
+            sys.exit(130)
+        except OSError as exc:
+            if exc.errno == 28:  # ENOSPC
+                print(f"error: no space left on device while writing {exc.filename or 'output'}; "
+                      "free disk space and rerun `dvc repro` (completed checkpoints are kept)", file=sys.stderr)
+                sys.exit(2)
+            raise
+
+    return wrapper
+
+
+def hardware_label() -> str:
+    """A short description of the machine this process runs on, recorded with every measured number."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        dev = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    else:
+        cpu = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+        dev = f"CPU {cpu}, {torch.get_num_threads()} threads"
+    return f"{dev}; torch {torch.__version__}"

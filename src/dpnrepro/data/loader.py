@@ -1,0 +1,140 @@
+"""Prepared splits → augmented tensors → batches.
+
+Train-time preprocessing follows big_vision's AugReg pipeline (appendix C): inception crop, left-right
+flip, RandAugment, ``value_range(-1, 1)``; eval is ``resize_small`` then ``central_crop``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dpnrepro.errors import DatasetError
+
+
+def build_transform(cfg: dict, train: bool):
+    """A torchvision transform mapping one PIL image to a float tensor in [-1, 1]."""
+    from torchvision.transforms import v2
+
+    size = cfg["image_size"]
+    mode = {1: "L", 3: "RGB"}[cfg["channels"]]
+    ops = [v2.Lambda(lambda im: im.convert(mode) if im.mode != mode else im)]
+    if train:
+        if cfg.get("inception_crop", True):
+            # big_vision's inception crop: area 5-100 %, aspect ratio 3/4-4/3.
+            ops.append(v2.RandomResizedCrop(size, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3), antialias=True))
+        else:
+            ops += [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+        if cfg.get("flip", True):
+            ops.append(v2.RandomHorizontalFlip())
+        if cfg.get("randaug"):
+            from timm.data.auto_augment import rand_augment_transform
+
+            ops.append(rand_augment_transform(cfg["randaug"], {"translate_const": int(size * 0.45)}))
+    else:
+        ops += [v2.Resize(cfg.get("eval_resize", size), antialias=True), v2.CenterCrop(size)]
+    ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]
+    return v2.Compose(ops)
+
+
+def load_split(prepared_dir: str | Path, split: str):
+    """The prepared ``datasets.Dataset`` of one split."""
+    import datasets
+
+    path = Path(prepared_dir) / split
+    if not path.exists():
+        raise DatasetError(f"prepared split {path} does not exist; run `dvc repro prepare` first")
+    return datasets.load_from_disk(str(path))
+
+
+def _mix(*ints: int) -> int:
+    """A stable 63-bit hash of a few integers (seeds per epoch / per sample)."""
+    h = 0x9E3779B97F4A7C15
+    for v in ints:
+        h = ((h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+class StepBatchSampler(torch.utils.data.Sampler):
+    """Batches indexed by optimisation step, so any step's batch can be recomputed from scratch.
+
+    Step ``s`` reads positions ``[p*B, (p+1)*B)`` of epoch ``s // steps_per_epoch``'s permutation
+    (seeded by ``(seed, epoch)``), and every example carries its own augmentation seed
+    ``(seed, s, j)``. Resuming at step ``s`` therefore sees exactly the batches and augmentations an
+    uninterrupted run would, with any number of loader workers. With ``world_size > 1`` each rank
+    takes its contiguous slice of the global batch.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
+                 rank: int = 0, world_size: int = 1):
+        if n < batch_size:
+            raise DatasetError(f"training split has {n} examples, fewer than one batch ({batch_size}); "
+                               "lower train.batch_size or use more data")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.start_step, self.total_steps = start_step, total_steps
+        self.rank, self.world_size = rank, world_size
+        self.steps_per_epoch = n // batch_size
+
+    def __len__(self) -> int:
+        return self.total_steps - self.start_step
+
+    def batch_for_step(self, step: int) -> list[tuple[int, int]]:
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(_mix(self.seed, epoch)))
+        idx = perm[pos * self.batch_size : (pos + 1) * self.batch_size].tolist()
+        per_rank = self.batch_size // self.world_size
+        lo = self.rank * per_rank
+        return [(i, _mix(self.seed, step, j)) for j, i in enumerate(idx[lo : lo + per_rank], start=lo)]
+
+    def __iter__(self):
+        for step in range(self.start_step, self.total_steps):
+            yield self.batch_for_step(step)
+
+
+class TransformedSplit(torch.utils.data.Dataset):
+    """Map-style view of a prepared split; with ``(index, seed)`` keys the transform's randomness
+    (torch and Python RNGs) is seeded per example and isolated from the global RNG state."""
+
+    def __init__(self, ds, transform):
+        self.ds, self.transform = ds, transform
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, key):
+        import random
+
+        if isinstance(key, tuple):
+            i, seed = key
+            py_state = random.getstate()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                ex = self.ds[int(i)]
+                x = self.transform(ex["image"])
+            random.setstate(py_state)
+        else:
+            ex = self.ds[int(key)]
+            x = self.transform(ex["image"])
+        return x, ex["label"]
+
+
+def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0):
+    """DataLoader over the step-indexed batches of ``sampler``."""
+    return torch.utils.data.DataLoader(
+        TransformedSplit(ds, transform),
+        batch_sampler=sampler,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=False,
+    )
+
+
+def eval_loader(ds, transform, batch_size: int, workers: int = 0):
+    """Sequential, non-dropping DataLoader for evaluation."""
+    return torch.utils.data.DataLoader(
+        TransformedSplit(ds, transform), batch_size=batch_size, shuffle=False, num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+    )

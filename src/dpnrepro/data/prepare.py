@@ -1,0 +1,127 @@
+"""Turn a raw source into the prepared splits every stage reads: ``train``, ``minival`` and ``val``.
+
+The split protocol is the paper's (appendix C): train on ``train[:99%]``, select on the minival
+``train[99%:]``, report the official validation split. The result is a ``save_to_disk`` directory per
+split plus ``manifest.json`` (counts, class balance, content hash), written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dpnrepro.data.sources import load_source
+from dpnrepro.errors import DatasetError
+from dpnrepro.io import atomic_dir, write_json_atomic
+
+SPLITS = ("train", "minival", "val")
+
+
+def _subsample(n_total: int, n_keep: int, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded random subset of size n_keep (all if n_keep <= 0 or >= n_total)."""
+    if n_keep <= 0 or n_keep >= n_total:
+        return np.arange(n_total)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_total, size=n_keep, replace=False))
+
+
+def split_protocol(raw: dict, cfg: dict) -> dict:
+    """Apply train[:99%] / train[99%:] / validation and the configured subsampling."""
+    train_full = raw["train"]
+    n = len(train_full)
+    n_minival = max(1, int(round(n * cfg["minival_fraction"])))
+    head = train_full.select(range(n - n_minival))
+    minival = train_full.select(range(n - n_minival, n))
+    seed = cfg["seed"]
+    return {
+        "train": head.select(_subsample(len(head), cfg["train_examples"], seed)),
+        "minival": minival.select(_subsample(len(minival), cfg["minival_examples"], seed + 1)),
+        "val": raw["val"].select(_subsample(len(raw["val"]), cfg["val_examples"], seed + 2)),
+    }
+
+
+def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
+    """Decode every image and check every label; return the dataset (minus skipped images).
+
+    A corrupt image is an error naming the file, unless ``skip_corrupt`` (then it is counted and
+    dropped, and the count is returned in the manifest).
+    """
+    import datasets
+    from PIL import Image
+
+    raw = ds.cast_column("image", datasets.Image(decode=False))
+    labels = np.asarray(raw["label"], dtype=np.int64)
+    if len(labels) == 0:
+        raise DatasetError(f"split {name!r} is empty; check data.source and the subsample sizes")
+    bad_label = np.flatnonzero((labels < 0) | (labels >= num_classes))
+    if len(bad_label):
+        i = int(bad_label[0])
+        raise DatasetError(
+            f"split {name!r} example {i} has label {labels[i]} outside [0, {num_classes}); "
+            "fix the labels or data.num_classes"
+        )
+    keep, corrupt = [], []
+    digest = hashlib.sha256()
+    for i, item in enumerate(tqdm(raw["image"], desc=f"check {name}", unit="img", leave=False)):
+        where = item.get("path") or f"{name}[{i}]"
+        try:
+            data = item["bytes"] if item.get("bytes") is not None else Path(item["path"]).read_bytes()
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+        except Exception as exc:
+            if not skip_corrupt:
+                raise DatasetError(
+                    f"corrupt image {where}: {type(exc).__name__}: {exc}; remove or replace it, "
+                    "or set data.skip_corrupt: true to drop such files with a warning"
+                ) from exc
+            corrupt.append(str(where))
+            continue
+        keep.append(i)
+        digest.update(hashlib.sha256(data).digest())
+        digest.update(int(labels[i]).to_bytes(4, "little"))
+    if corrupt:
+        print(f"warning: skipped {len(corrupt)} corrupt image(s) in split {name!r}, e.g. {corrupt[0]}")
+        ds = ds.select(keep)
+    counts = np.bincount(labels[keep], minlength=num_classes)
+    return ds, {
+        "examples": len(keep),
+        "class_counts": counts.tolist(),
+        "skipped_corrupt": len(corrupt),
+        "sha256": digest.hexdigest(),
+    }
+
+
+def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
+    """Prepare the configured dataset into ``out_dir``; returns the manifest."""
+    out_dir = Path(out_dir)
+    raw = load_source(cfg["format"], cfg["source"], {"train": cfg["train_split"], "val": cfg["eval_split"]})
+    found = raw["train"].features["label"]
+    n_found = getattr(found, "num_classes", None)
+    if n_found is not None and n_found < cfg["num_classes"]:
+        raise DatasetError(
+            f"dataset {cfg['source']} has {n_found} classes but data.num_classes is "
+            f"{cfg['num_classes']}; fix data.num_classes"
+        )
+    splits = split_protocol(raw, cfg)
+    manifest = {"dataset": cfg["name"], "source": str(cfg["source"]), "format": cfg["format"], "splits": {}}
+    with atomic_dir(out_dir) as tmp:
+        for name in SPLITS:
+            ds, stats = check_split(splits[name], name, cfg["num_classes"], cfg.get("skip_corrupt", False))
+            ds.save_to_disk(str(tmp / name))
+            manifest["splits"][name] = stats
+        if found is not None and hasattr(found, "names"):
+            manifest["class_names"] = list(found.names)
+        write_json_atomic(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def load_manifest(prepared_dir: str | Path) -> dict:
+    path = Path(prepared_dir) / "manifest.json"
+    if not path.exists():
+        raise DatasetError(f"no prepared dataset at {prepared_dir} (missing manifest.json); run `dvc repro prepare`")
+    return json.loads(path.read_text())

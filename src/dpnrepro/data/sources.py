@@ -1,0 +1,136 @@
+"""Raw dataset sources, all returned as Hugging Face ``datasets`` objects with ``image`` and ``label``.
+
+Supported ``format`` values:
+  * ``idx``         a directory with the (gzipped) MNIST idx files, e.g. Debian's
+                    ``dataset-fashion-mnist`` package at ``/usr/share/datasets/fashion-mnist``;
+  * ``imagefolder`` a directory ``<root>/<split>/<class>/<image>`` (the ImageNet train/val layout);
+  * ``disk``        a ``DatasetDict`` written with ``save_to_disk``;
+  * ``hub``         a Hugging Face hub name (needs a network, or a warm local cache).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from dpnrepro.errors import DatasetError
+
+FORMATS = ("idx", "imagefolder", "disk", "hub")
+
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _open_maybe_gz(path: Path):
+    for candidate in (path.with_name(path.name + ".gz"), path):
+        if candidate.exists():
+            return gzip.open(candidate, "rb") if candidate.suffix == ".gz" else open(candidate, "rb")
+    raise DatasetError(
+        f"missing dataset file {path}(.gz); on Debian install it with "
+        "`apt-get install dataset-fashion-mnist`, or point data.source at a directory holding it"
+    )
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one MNIST idx file (uint8 data) into an array, validating its header and length."""
+    with _open_maybe_gz(path) as f:
+        raw = f.read()
+    if len(raw) < 4:
+        raise DatasetError(f"corrupt idx file {path}: {len(raw)} bytes; reinstall the dataset")
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise DatasetError(f"corrupt idx file {path}: bad magic header; reinstall the dataset")
+    shape = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
+    body = raw[4 + 4 * ndim :]
+    expected = int(np.prod(shape))
+    if len(body) != expected:
+        raise DatasetError(
+            f"truncated idx file {path}: {len(body)} of {expected} bytes; reinstall the dataset"
+        )
+    return np.frombuffer(body, dtype=np.uint8).reshape(shape)
+
+
+def load_idx(root: str | os.PathLike, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, H, W) uint8 and labels (N,) int64 of one idx split ('train' or 'test')."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(
+            f"dataset directory {root} does not exist; on Debian run "
+            "`apt-get install dataset-fashion-mnist` (or `make data`), or set data.source"
+        )
+    images_name, labels_name = _IDX_FILES[split]
+    images = read_idx(root / images_name)
+    labels = read_idx(root / labels_name).astype(np.int64)
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise DatasetError(
+            f"inconsistent idx split {split!r} in {root}: {images.shape} images vs "
+            f"{labels.shape} labels; reinstall the dataset"
+        )
+    return images, labels
+
+
+def load_source(fmt: str, source: str, splits: dict[str, str]) -> dict:
+    """Load the raw splits named in ``splits`` ({our name: source split}) as ``datasets.Dataset``s.
+
+    Every returned dataset has an ``image`` column (``datasets.Image``) and a ``label`` column
+    (``datasets.ClassLabel``).
+    """
+    import datasets
+
+    if fmt not in FORMATS:
+        raise DatasetError(f"unknown data.format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "idx":
+        features = datasets.Features(
+            {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(FASHION_MNIST_CLASSES))}
+        )
+        out = {}
+        for name, src_split in splits.items():
+            images, labels = load_idx(source, src_split)
+            out[name] = datasets.Dataset.from_dict(
+                {"image": list(images), "label": labels.tolist()}, features=features
+            )
+        return out
+    if fmt in ("imagefolder", "disk") and not Path(source).exists():
+        raise DatasetError(f"dataset path {source} does not exist; fix data.source in params.yaml")
+    try:
+        if fmt == "imagefolder":
+            ds = datasets.load_dataset("imagefolder", data_dir=source)
+        elif fmt == "disk":
+            ds = datasets.load_from_disk(source)
+        else:
+            ds = datasets.load_dataset(source)
+    except DatasetError:
+        raise
+    except Exception as exc:  # datasets raises many types; the user needs one line
+        hint = (
+            " (offline: download it once with network access, or save it with save_to_disk and "
+            "use data.format: disk)"
+            if fmt == "hub" and os.environ.get("HF_DATASETS_OFFLINE") == "1"
+            else ""
+        )
+        raise DatasetError(f"cannot load {fmt} dataset {source!r}: {type(exc).__name__}: {exc}{hint}") from exc
+    missing = [s for s in splits.values() if s not in ds]
+    if missing:
+        raise DatasetError(
+            f"dataset {source!r} has no split(s) {missing}; it has {sorted(ds)}; fix data.splits"
+        )
+    out = {}
+    for name, src_split in splits.items():
+        split = ds[src_split]
+        if "image" not in split.column_names or "label" not in split.column_names:
+            raise DatasetError(
+                f"dataset {source!r} split {src_split!r} needs 'image' and 'label' columns, "
+                f"has {split.column_names}"
+            )
+        out[name] = split
+    return out

@@ -1,0 +1,51 @@
+"""Top-1 classification accuracy on a prepared split (big_vision's ``classification`` evaluator)."""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from dpnrepro.data.loader import build_transform, eval_loader
+
+
+@torch.no_grad()
+def evaluate_top1(model: torch.nn.Module, ds, input_cfg: dict, *, batch_size: int, device: torch.device,
+                  desc: str = "eval", progress: bool = True) -> dict:
+    """Top-1 accuracy (%) and example count of ``model`` on ``ds`` with the eval preprocessing."""
+    model.eval().to(device)
+    loader = eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    total = 0
+    use_bf16 = device.type == "cuda"
+    for images, labels in tqdm(loader, desc=desc, unit="batch", disable=not progress, leave=False):
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(images)
+        correct += (logits.argmax(-1) == labels).sum()
+        total += labels.numel()
+    return {"top1": 100.0 * int(correct) / max(total, 1), "examples": total}
+
+
+def evaluate_run(run_path, prepared_dir, input_cfg: dict, *, splits=("minival", "val"), batch_size: int = 256,
+                 device: str = "auto", progress: bool = True) -> dict:
+    """Rebuild a trained run from its directory (spec + safetensors) and score it on ``splits``."""
+    import json
+    from pathlib import Path
+
+    from dpnrepro.data.loader import load_split
+    from dpnrepro.training.checkpoint import MODEL_FILE, load_weights
+    from dpnrepro.training.run import SPEC_FILE, SUMMARY_FILE
+    from dpnrepro.training.trainer import ModelSpec, pick_device
+
+    run_path = Path(run_path)
+    model = load_weights(ModelSpec.from_json(run_path / SPEC_FILE).build(), run_path / MODEL_FILE)
+    dev = pick_device(device)
+    summary = json.loads((run_path / SUMMARY_FILE).read_text())
+    scores = {
+        split: evaluate_top1(model, load_split(prepared_dir, split), input_cfg, batch_size=batch_size,
+                             device=dev, desc=f"eval {run_path.name} {split}", progress=progress)
+        for split in splits
+    }
+    return {**{k: summary[k] for k in ("arch", "stem", "seed", "hardware", "params_m")},
+            **{f"{split}_top1": s["top1"] for split, s in scores.items()},
+            **{f"{split}_examples": s["examples"] for split, s in scores.items()}}
