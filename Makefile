@@ -1,0 +1,32 @@
+# The two commands of the README:
+#   make repro   set up a fresh machine and run the smoke pipeline (dvc repro)
+#   make test    set up the same way and run the test suite (what CI runs via .ci/run)
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export DVC_NO_ANALYTICS ?= 1
+PROFILE ?= smoke
+
+.PHONY: env repro test test-fast profile clean
+
+env:
+	bash scripts/setup_env.sh
+
+repro: env
+	$(BIN)/dvc repro
+
+test: env
+	$(BIN)/python -m pytest
+
+test-fast: env
+	$(BIN)/python -m pytest -m "not slow"
+
+# Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`).
+profile:
+	@test -f profiles/$(PROFILE).yaml || { echo "no profiles/$(PROFILE).yaml (have: $$(ls profiles))"; exit 2; }
+	cp profiles/$(PROFILE).yaml params.yaml
+	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
+
+clean:
+	rm -rf data/prepared runs checkpoints metrics/*.json reports/table1.md reports/table1.png

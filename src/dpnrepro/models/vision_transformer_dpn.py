@@ -1,0 +1,627 @@
+"""Vision Transformer with Dual PatchNorm and the paper's LayerNorm ablations.
+
+`Dual PatchNorm` - Kumar, Dehghani, Houlsby, TMLR 2023 (arXiv:2302.01327).
+
+One model family built on timm's :class:`~timm.models.vision_transformer.VisionTransformer`:
+
+* the stem (``stem=``) is a :class:`PatchEmbedStem` passed as timm's ``embed_layer``; it covers DPN
+  (eq. 4, ``x = LN(PE(LN(x)))``) and every stem ablation of Table 6;
+* the transformer block (``placement=``) is a :class:`Block` passed as timm's ``block_fn``; it covers
+  the nine pre/post/prepost LayerNorm placements of Sec. 4.1 / Fig. 1 plus NormFormer and Sub-LN;
+* the head follows big_vision: ``tok`` or ``gap`` pooling, optional ``pre_logits`` (Linear + tanh),
+  zero-init head weight and a constant head bias.
+
+Where timm and big_vision differ, big_vision (the code base of the paper) is followed: position
+embeddings are added to the patch tokens only (``no_embed_class=True``), the encoder norm comes before
+``gap`` pooling, ``drop_rate`` is the in-block/embedding dropout, and weights use big_vision's init.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional, Tuple, Type, Union
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
+from timm.layers import Attention, DropPath, Format, LayerNorm, Mlp, lecun_normal_, to_2tuple
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer
+
+__all__ = [
+    'ArchSpec', 'ARCHS', 'STEMS', 'PLACEMENTS', 'POOLS', 'parse_arch', 'build_vit',
+    'PatchEmbedStem', 'Block', 'Affine', 'VisionTransformerDPN',
+    'conv_to_linear_weight', 'first_ln_scale_image', 'subln_init_gain',
+]  # register_model appends the registered entrypoints
+
+
+# ---------------------------------------------------------------------------------------------------
+# Names
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Transformer size: hidden width, number of blocks, attention heads, MLP hidden width."""
+    width: int
+    depth: int
+    heads: int
+    mlp_dim: int
+
+
+# Ti..H as in the paper's appendix G (big_vision sizes); Mu is a smoke-test size.
+ARCHS: dict[str, ArchSpec] = {
+    'Mu': ArchSpec(64, 4, 4, 256),
+    'Ti': ArchSpec(192, 12, 3, 768),
+    'S': ArchSpec(384, 12, 6, 1536),
+    'B': ArchSpec(768, 12, 12, 3072),
+    'L': ArchSpec(1024, 24, 16, 4096),
+    'H': ArchSpec(1280, 32, 16, 5120),
+}
+
+STEMS: tuple[str, ...] = (
+    'conv', 'linear', 'dpn', 'pre', 'post', 'post_posemb', 'rmsnorm', 'no_learnable', 'only_learnable')
+
+_SUBLAYER_NORMS = ('pre', 'post', 'prepost')
+PLACEMENTS: tuple[str, ...] = tuple(
+    f'{sa}-{mlp}' for sa in _SUBLAYER_NORMS for mlp in _SUBLAYER_NORMS) + ('normformer', 'subln')
+
+POOLS: tuple[str, ...] = ('tok', 'gap')
+
+# stem -> (norm on the patch pixels before the projection, norm on the tokens after it)
+_STEM_NORMS = {
+    'conv': (False, False),
+    'linear': (False, False),
+    'dpn': (True, True),
+    'pre': (True, False),
+    'post': (False, True),
+    'post_posemb': (False, False),  # its norm is the model's norm_pre, after the position embedding
+    'rmsnorm': (True, True),
+    'no_learnable': (True, True),
+    'only_learnable': (True, True),
+}
+
+_LN_EPS = 1e-6  # flax / big_vision LayerNorm default
+
+
+def _check_choice(kind: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f'unknown {kind} {value!r}; expected one of: {", ".join(map(str, allowed))}')
+
+
+def parse_arch(arch: str) -> tuple[ArchSpec, int]:
+    """``"B/16"`` -> ``(ARCHS["B"], 16)``; any positive integer patch size is accepted."""
+    m = re.fullmatch(r'([A-Za-z]+)/([0-9]+)', arch.strip()) if isinstance(arch, str) else None
+    if m is None or m.group(1) not in ARCHS or int(m.group(2)) < 1:
+        raise ValueError(
+            f'unknown arch {arch!r}; expected "<size>/<patch>" with size one of: {", ".join(ARCHS)} '
+            f'and a positive integer patch, e.g. "B/16"')
+    return ARCHS[m.group(1)], int(m.group(2))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stem
+
+class Affine(nn.Module):
+    """Per-feature scale and shift without standardisation (Table 6 "Only learnable")."""
+
+    def __init__(self, dim: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.weight + self.bias
+
+
+def _stem_norm(stem: str, dim: int, **dd) -> nn.Module:
+    """The norm used on either side of the patch projection for ``stem``."""
+    if stem == 'rmsnorm':
+        return nn.RMSNorm(dim, eps=_LN_EPS, **dd)
+    if stem == 'no_learnable':
+        return LayerNorm(dim, eps=_LN_EPS, affine=False, **dd)
+    if stem == 'only_learnable':
+        return Affine(dim, **dd)
+    return LayerNorm(dim, eps=_LN_EPS, **dd)
+
+
+class PatchEmbedStem(nn.Module):
+    """Patch embedding with the paper's stem variants; a drop-in ``embed_layer`` for timm's ViT.
+
+    ``conv`` is timm's Conv2d patch projection. Every other stem patchifies with einops,
+    ``b c (h p1) (w p2) -> b (h w) (p1 p2 c)`` (patch row ``p1``, patch column ``p2``, channel ``c``
+    fastest; the big_vision order of the paper's appendix B, so a pixel-space vector such as the
+    first LN's scale reshapes to ``(p, p, c)`` for Fig. 3) and projects with ``proj = nn.Linear``.
+
+    Modules, in order: ``norm_in`` (on the ``p*p*c`` patch pixels), ``proj``, ``norm_out`` (on the
+    ``embed_dim`` tokens, before position embeddings are added); absent ones are ``nn.Identity``.
+    ``dpn``: LN, Linear, LN (eq. 4). ``pre``: LN, Linear. ``post``: Linear, LN. ``post_posemb``:
+    Linear only (its LN is the model's ``norm_pre``). ``rmsnorm`` / ``no_learnable`` /
+    ``only_learnable``: as ``dpn`` with both norms RMSNorm / LN without affine / :class:`Affine`.
+    """
+    output_fmt: Format
+
+    def __init__(
+            self,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            patch_size: Union[int, Tuple[int, int]] = 16,
+            in_chans: int = 3,
+            embed_dim: int = 768,
+            stem: str = 'dpn',
+            bias: bool = True,
+            norm_layer: Optional[Type[nn.Module]] = None,
+            output_fmt: Optional[str] = None,
+            strict_img_size: bool = True,
+            dynamic_img_pad: bool = False,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        _check_choice('stem', stem, STEMS)
+        if norm_layer is not None:
+            raise ValueError('PatchEmbedStem takes its norms from `stem`; embed_norm_layer is not supported')
+        _check_choice('output_fmt', output_fmt, (None, 'NLC', 'NHWC'))
+        self.stem = stem
+        self.patch_size = to_2tuple(patch_size)
+        self.img_size, self.grid_size, self.num_patches = self._init_img_size(img_size)
+        self.output_fmt = Format(output_fmt or 'NLC')
+        self.strict_img_size = strict_img_size
+        self.dynamic_img_pad = dynamic_img_pad
+
+        ph, pw = self.patch_size
+        patch_dim = ph * pw * in_chans
+        norm_in, norm_out = _STEM_NORMS[stem]
+        self.norm_in = _stem_norm(stem, patch_dim, **dd) if norm_in else nn.Identity()
+        if stem == 'conv':
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size,
+                                  bias=bias, **dd)
+        else:
+            self.proj = nn.Linear(patch_dim, embed_dim, bias=bias, **dd)
+        self.norm_out = _stem_norm(stem, embed_dim, **dd) if norm_out else nn.Identity()
+
+    def _init_img_size(self, img_size):
+        img_size = to_2tuple(img_size)
+        if any(s % p for s, p in zip(img_size, self.patch_size)):
+            raise ValueError(f'img_size {img_size} is not divisible by patch size {self.patch_size}')
+        grid_size = tuple(s // p for s, p in zip(img_size, self.patch_size))
+        return img_size, grid_size, grid_size[0] * grid_size[1]
+
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        """Change the expected image size (patch size changes are not supported)."""
+        if patch_size is not None and to_2tuple(patch_size) != self.patch_size:
+            raise NotImplementedError('PatchEmbedStem cannot change its patch size')
+        if img_size is not None:
+            self.img_size, self.grid_size, self.num_patches = self._init_img_size(img_size)
+
+    def feat_ratio(self, as_scalar: bool = True) -> Union[Tuple[int, int], int]:
+        return max(self.patch_size) if as_scalar else self.patch_size
+
+    def dynamic_feat_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
+        if self.dynamic_img_pad:
+            return math.ceil(img_size[0] / self.patch_size[0]), math.ceil(img_size[1] / self.patch_size[1])
+        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, _, H, W = x.shape
+        ph, pw = self.patch_size
+        if self.strict_img_size and (H, W) != tuple(self.img_size):
+            raise ValueError(f'input size {(H, W)} does not match the model img_size {tuple(self.img_size)}')
+        if self.dynamic_img_pad:
+            x = F.pad(x, (0, (pw - W % pw) % pw, 0, (ph - H % ph) % ph))
+        elif H % ph or W % pw:
+            raise ValueError(f'input size {(H, W)} is not divisible by patch size {self.patch_size}')
+        gh, gw = x.shape[-2] // ph, x.shape[-1] // pw
+
+        if isinstance(self.proj, nn.Conv2d):
+            x = self.proj(x).flatten(2).transpose(1, 2)
+        else:
+            x = rearrange(x, 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=ph, p2=pw)
+            x = self.proj(self.norm_in(x))
+        x = self.norm_out(x)
+        if self.output_fmt == Format.NHWC:
+            x = x.reshape(B, gh, gw, x.shape[-1])
+        return x
+
+
+def conv_to_linear_weight(conv_weight: Tensor) -> Tensor:
+    """Reshape a ``(D, C, p1, p2)`` conv kernel to the ``(D, p1*p2*C)`` weight of the ``linear`` stem."""
+    if conv_weight.ndim != 4:
+        raise ValueError(f'expected a (D, C, p, p) conv kernel, got shape {tuple(conv_weight.shape)}')
+    return rearrange(conv_weight, 'd c p1 p2 -> d (p1 p2 c)')
+
+
+def first_ln_scale_image(model: nn.Module) -> Tensor:
+    """The scale of the stem's first (pixel-space) norm reshaped to ``(p, p, C)`` (paper Fig. 3).
+
+    Works for the ``dpn``, ``pre``, ``rmsnorm`` and ``only_learnable`` stems; ValueError otherwise.
+    """
+    pe = getattr(model, 'patch_embed', None)
+    weight = getattr(getattr(pe, 'norm_in', None), 'weight', None)
+    if not isinstance(weight, Tensor):
+        stem = getattr(pe, 'stem', type(pe).__name__)
+        allowed = [s for s in STEMS if _STEM_NORMS[s][0] and s != 'no_learnable']
+        raise ValueError(f'stem {stem!r} has no learnable norm on the patch pixels; '
+                         f'expected one of: {", ".join(allowed)}')
+    ph, pw = pe.patch_size
+    return weight.detach().reshape(ph, pw, weight.numel() // (ph * pw))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block
+
+def subln_init_gain(depth: int) -> float:
+    """Magneto's Sub-LN init gain for an encoder-only stack of ``depth`` layers: ``sqrt(log(2N))``.
+
+    Wang et al. 2022, "Foundation Transformers"; applied by :meth:`VisionTransformerDPN.init_weights`
+    to the value projection, the attention output projection and both MLP layers (weights only).
+    """
+    return math.sqrt(math.log(2 * depth))
+
+
+class Block(nn.Module):
+    """Transformer block with a selectable LayerNorm placement (paper Sec. 4.1, Fig. 1).
+
+    ``placement`` is ``"<sa>-<mlp>"``, each of ``pre`` ``x + f(LN(x))`` (standard ViT), ``post``
+    ``LN(x + f(x))`` or ``prepost`` ``LN(x + f(LN(x)))``; or ``normformer`` (pre-LN plus a LN on the
+    attention output after its projection, ``attn_out_norm``, and one after the MLP activation,
+    ``mlp.norm``; NormFormer's head and residual scaling are not included); or ``subln`` (pre-LN plus a
+    LN before the attention output projection, ``attn.norm``, and after the MLP activation,
+    ``mlp.norm``; its init gain is :func:`subln_init_gain`, applied by the model's init).
+
+    Norm modules: ``norm1`` / ``norm2`` before attention / MLP, ``norm1_post`` / ``norm2_post`` after
+    the residual sums; absent ones are ``nn.Identity``. Attention and MLP are timm's; no LayerScale.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = True,
+            qk_norm: bool = False,
+            scale_attn_norm: bool = False,
+            scale_mlp_norm: bool = False,
+            proj_bias: bool = True,
+            proj_drop: float = 0.,
+            attn_drop: float = 0.,
+            init_values: Optional[float] = None,
+            drop_path: float = 0.,
+            act_layer: Type[nn.Module] = nn.GELU,
+            norm_layer: Type[nn.Module] = LayerNorm,
+            mlp_layer: Type[nn.Module] = Mlp,
+            attn_layer: Union[str, Type[nn.Module]] = Attention,
+            depth: int = 0,
+            placement: str = 'pre-pre',
+            mlp_dim: Optional[int] = None,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        _check_choice('placement', placement, PLACEMENTS)
+        if init_values:
+            raise ValueError('LayerScale (init_values) is not supported by this Block')
+        if scale_attn_norm or scale_mlp_norm:
+            raise ValueError('use placement="subln" instead of scale_attn_norm / scale_mlp_norm')
+        self.placement = placement
+        sa, mlp = placement.split('-') if '-' in placement else ('pre', 'pre')
+        attn_layer = Attention if attn_layer in (None, '', 'attn') else attn_layer
+
+        def norm_if(flag: bool) -> nn.Module:
+            return norm_layer(dim, **dd) if flag else nn.Identity()
+
+        self.norm1 = norm_if(sa in ('pre', 'prepost'))
+        self.attn = attn_layer(
+            dim,
+            num_heads=num_heads,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            scale_norm=placement == 'subln',
+            proj_bias=proj_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+            norm_layer=norm_layer,
+            **dd,
+        )
+        self.attn_out_norm = norm_if(placement == 'normformer')
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm1_post = norm_if(sa in ('post', 'prepost'))
+
+        self.norm2 = norm_if(mlp in ('pre', 'prepost'))
+        self.mlp = mlp_layer(
+            in_features=dim,
+            hidden_features=mlp_dim or int(round(dim * mlp_ratio)),
+            act_layer=act_layer,
+            norm_layer=norm_layer if placement in ('normformer', 'subln') else None,
+            bias=proj_bias,
+            drop=proj_drop,
+            **dd,
+        )
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2_post = norm_if(mlp in ('post', 'prepost'))
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        y = self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)
+        x = self.norm1_post(x + self.drop_path1(self.attn_out_norm(y)))
+        x = self.norm2_post(x + self.drop_path2(self.mlp(self.norm2(x))))
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model
+
+def _cfg(**kwargs) -> dict:
+    return {
+        'url': '',
+        'num_classes': 1000,
+        'input_size': (3, 224, 224),
+        'pool_size': None,
+        'crop_pct': 0.875,  # big_vision eval: resize_small(256) | central_crop(224)
+        'interpolation': 'bilinear',
+        'fixed_input_size': True,
+        'mean': IMAGENET_INCEPTION_MEAN,  # big_vision value_range(-1, 1)
+        'std': IMAGENET_INCEPTION_STD,
+        'first_conv': 'patch_embed.proj',
+        'classifier': 'head',
+        'license': 'apache-2.0',
+        'paper_ids': 'arXiv:2302.01327',
+        'paper_name': 'Dual PatchNorm',
+        **kwargs,
+    }
+
+
+class VisionTransformerDPN(VisionTransformer):
+    """ViT with a selectable stem (Dual PatchNorm and its ablations) and LayerNorm placement.
+
+    big_vision flavour of timm's VisionTransformer: position embeddings on patch tokens only, encoder
+    norm before pooling (also for ``gap``), optional ``pre_logits`` (Linear + tanh), zero-init head.
+    ``drop_rate`` is the dropout after the position embedding, the attention output and inside and
+    after the MLP (big_vision ``dropout``); there is no dropout before the head.
+    """
+
+    def __init__(
+            self,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            patch_size: Union[int, Tuple[int, int]] = 16,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            embed_dim: int = 768,
+            depth: int = 12,
+            num_heads: int = 12,
+            mlp_dim: int = 3072,
+            stem: str = 'dpn',
+            placement: str = 'pre-pre',
+            pool: str = 'tok',
+            rep_size: Union[int, bool] = False,
+            head_bias_init: float = 0.0,
+            drop_rate: float = 0.0,
+            drop_path_rate: float = 0.0,
+            qkv_bias: bool = True,
+            device=None,
+            dtype=None,
+    ) -> None:
+        _check_choice('stem', stem, STEMS)
+        _check_choice('placement', placement, PLACEMENTS)
+        _check_choice('pool', pool, POOLS)
+        if isinstance(rep_size, bool):
+            rep = embed_dim if rep_size else 0
+        elif isinstance(rep_size, int) and rep_size >= 0:
+            rep = rep_size
+        else:
+            raise ValueError(f'rep_size must be a bool or a non-negative int, got {rep_size!r}')
+        dd = {'device': device, 'dtype': dtype}
+
+        super().__init__(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            global_pool='token' if pool == 'tok' else 'avg',
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_dim / embed_dim,
+            qkv_bias=qkv_bias,
+            class_token=pool == 'tok',
+            no_embed_class=True,
+            pre_norm=stem == 'post_posemb',
+            final_norm=True,
+            fc_norm=False,
+            drop_rate=0.,
+            pos_drop_rate=drop_rate,
+            proj_drop_rate=drop_rate,
+            attn_drop_rate=0.,
+            drop_path_rate=drop_path_rate,
+            weight_init='skip',
+            embed_layer=partial(PatchEmbedStem, stem=stem),
+            norm_layer=LayerNorm,  # timm's LayerNorm, eps 1e-6 as flax
+            act_layer=nn.GELU,
+            block_fn=partial(Block, placement=placement, mlp_dim=mlp_dim),
+            **dd,
+        )
+        self.stem = stem
+        self.placement = placement
+        self.pool_type = pool
+        self.rep_size = rep
+        self.head_bias_init = float(head_bias_init)
+
+        self.head_hidden_size = rep or embed_dim
+        if rep:
+            self.pre_logits = nn.Sequential(OrderedDict([
+                ('fc', nn.Linear(embed_dim, rep, **dd)),
+                ('act', nn.Tanh()),
+            ]))
+            if num_classes > 0:
+                self.head = nn.Linear(rep, num_classes, **dd)
+        else:
+            self.pre_logits = nn.Identity()
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, mode: str = '', needs_reset: bool = True) -> None:
+        """big_vision's ViT init, for every parameter of the model.
+
+        Attention q/k/v and output projections and MLP weights: xavier-uniform (q, k and v each as
+        its own D x D matrix); patch projection (conv or linear) and ``pre_logits``: lecun-normal;
+        biases zero except MLP biases ~ N(0, 1e-6); norms: scale 1, shift 0; position embedding
+        ~ N(0, 1/D); class token zero; head weight zero and bias ``head_bias_init``. For ``subln`` the
+        v, attention-output and MLP weights are then multiplied by :func:`subln_init_gain`.
+        ``mode`` / ``needs_reset`` exist for timm compatibility; only the default mode is supported.
+        """
+        _check_choice('init mode', mode, ('', 'big_vision'))
+        for name, m in self.named_modules():
+            if name == 'head':
+                continue
+            if isinstance(m, nn.Linear):
+                if name.endswith('attn.qkv'):
+                    for w in m.weight.chunk(3, dim=0):
+                        nn.init.xavier_uniform_(w)
+                elif name in ('patch_embed.proj', 'pre_logits.fc'):
+                    lecun_normal_(m.weight)
+                else:
+                    nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    if '.mlp.' in name:
+                        nn.init.normal_(m.bias, std=1e-6)
+                    else:
+                        nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                lecun_normal_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, (nn.LayerNorm, nn.RMSNorm, Affine)):
+                m.reset_parameters()
+        if self.pos_embed is not None:
+            nn.init.normal_(self.pos_embed, std=self.embed_dim ** -0.5)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        self._init_head()
+        if self.placement == 'subln':
+            gain = subln_init_gain(len(self.blocks))
+            for blk in self.blocks:
+                blk.attn.qkv.weight.chunk(3, dim=0)[2].mul_(gain)
+                blk.attn.proj.weight.mul_(gain)
+                blk.mlp.fc1.weight.mul_(gain)
+                blk.mlp.fc2.weight.mul_(gain)
+
+    @torch.no_grad()
+    def _init_head(self) -> None:
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, self.head_bias_init)
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the head (zero weight, ``head_bias_init`` bias); ``global_pool`` uses timm's names."""
+        super().reset_classifier(num_classes, global_pool)
+        if num_classes > 0 and self.head_hidden_size != self.embed_dim:
+            self.head = nn.Linear(self.head_hidden_size, num_classes, device=self.head.weight.device,
+                                  dtype=self.head.weight.dtype)
+        self._init_head()
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.pool(x)
+        x = self.fc_norm(x)
+        x = self.pre_logits(x)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+
+def build_vit(
+        arch: str,
+        *,
+        stem: str = 'dpn',
+        placement: str = 'pre-pre',
+        num_classes: int = 1000,
+        img_size: int = 224,
+        in_chans: int = 3,
+        pool: str = 'tok',
+        rep_size: Union[int, bool] = False,
+        head_bias_init: float = 0.0,
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+) -> VisionTransformerDPN:
+    """Build the ViT ``arch`` (``"<size>/<patch>"``, e.g. ``"B/16"``) with the given stem and placement.
+
+    ``pool``: ``tok`` (class token) or ``gap`` (mean of the tokens, no class token). ``rep_size``:
+    False/0 no pre-logits, True the width, int that size. ``drop_rate``: big_vision's ``dropout``
+    (embedding, attention output and MLP dropout, not head dropout as in timm). Unknown names and an
+    ``img_size`` not divisible by the patch size raise ValueError.
+    """
+    spec, patch = parse_arch(arch)
+    _check_choice('stem', stem, STEMS)
+    _check_choice('placement', placement, PLACEMENTS)
+    _check_choice('pool', pool, POOLS)
+    if img_size % patch:
+        raise ValueError(f'img_size {img_size} is not divisible by the patch size {patch} of arch {arch!r}')
+    model = VisionTransformerDPN(
+        img_size=img_size,
+        patch_size=patch,
+        in_chans=in_chans,
+        num_classes=num_classes,
+        embed_dim=spec.width,
+        depth=spec.depth,
+        num_heads=spec.heads,
+        mlp_dim=spec.mlp_dim,
+        stem=stem,
+        placement=placement,
+        pool=pool,
+        rep_size=rep_size,
+        head_bias_init=head_bias_init,
+        drop_rate=drop_rate,
+        drop_path_rate=drop_path_rate,
+    )
+    # data config for timm.data.resolve_data_config (big_vision's value_range(-1, 1) normalisation)
+    model.pretrained_cfg = model.default_cfg = _cfg(num_classes=num_classes, input_size=(in_chans, img_size, img_size))
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------
+# timm registry: vit_<size>_patch<p>_<stem>, e.g. vit_base_patch16_dpn
+
+_REGISTERED_ARCHS = {
+    'vit_mu_patch4': 'Mu/4',
+    'vit_tiny_patch16': 'Ti/16',
+    'vit_small_patch16': 'S/16',
+    'vit_small_patch32': 'S/32',
+    'vit_base_patch16': 'B/16',
+    'vit_base_patch32': 'B/32',
+    'vit_large_patch16': 'L/16',
+    'vit_huge_patch14': 'H/14',
+}
+_REGISTERED_STEMS = ('dpn', 'linear', 'conv')
+
+default_cfgs = generate_default_cfgs({
+    f'{base}_{stem}': _cfg() for base in _REGISTERED_ARCHS for stem in _REGISTERED_STEMS})
+
+
+def _create_vit_dpn(variant: str, arch: str, pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    spec, patch = parse_arch(arch)
+    model_args = dict(patch_size=patch, embed_dim=spec.width, depth=spec.depth, num_heads=spec.heads,
+                      mlp_dim=spec.mlp_dim)
+    return build_model_with_cfg(VisionTransformerDPN, variant, pretrained, **dict(model_args, **kwargs))
+
+
+def _make_entrypoint(name: str, arch: str, stem: str):
+    def entrypoint(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+        return _create_vit_dpn(name, arch, pretrained=pretrained, **dict(dict(stem=stem), **kwargs))
+
+    entrypoint.__name__ = entrypoint.__qualname__ = name
+    entrypoint.__doc__ = f'ViT-{arch} with the {stem!r} stem (no pretrained weights).'
+    return entrypoint
+
+
+for _base, _arch in _REGISTERED_ARCHS.items():
+    for _stem in _REGISTERED_STEMS:
+        _name = f'{_base}_{_stem}'
+        globals()[_name] = register_model(_make_entrypoint(_name, _arch, _stem))
+del _base, _arch, _stem, _name
