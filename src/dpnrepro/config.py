@@ -98,12 +98,31 @@ class TrainParams(_Section):
         return self
 
 
+class ArchOverride(_Section):
+    """Per-architecture recipe differences (appendix C: RandAugment/mixup per model, dropout and
+    stochastic depth for B models only, no representation layer for S/32)."""
+
+    dropout: float | None = Field(None, ge=0, lt=1)
+    stoch_depth: float | None = Field(None, ge=0, lt=1)
+    rep_size: bool | int | None = None
+    randaug: str | None = None
+    mixup: float | None = Field(None, ge=0)
+
+
 class SweepParams(_Section):
-    """The matrix a table is built from: arch × stem × seed."""
+    """The matrix a table is built from: arch × stem × seed (+ per-arch recipe overrides)."""
 
     archs: list[str] = Field(min_length=1)
     stems: list[str] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
+    overrides: dict[str, ArchOverride] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _overrides_name_archs(self):
+        unknown = sorted(set(self.overrides) - set(self.archs))
+        if unknown:
+            raise ValueError(f"overrides for archs not in the sweep: {unknown}")
+        return self
 
     @field_validator("archs")
     @classmethod
@@ -155,6 +174,16 @@ def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ParamsError(f"{path} must be a mapping of sections, got {type(raw).__name__}")
     return parse_params(raw, path)
+
+
+def resolve_run(params: Params, sweep: str, arch: str) -> tuple[ModelParams, InputParams]:
+    """The model and input sections of one arch of ``sweep``, with its overrides applied."""
+    ov = getattr(params, sweep).overrides.get(arch)
+    if ov is None:
+        return params.model, params.input
+    model_keys = {k: v for k, v in ov.model_dump().items() if v is not None and k in ModelParams.model_fields}
+    input_keys = {k: v for k, v in ov.model_dump().items() if v is not None and k in InputParams.model_fields}
+    return params.model.model_copy(update=model_keys), params.input.model_copy(update=input_keys)
 
 
 def arch_name(arch: str) -> str:

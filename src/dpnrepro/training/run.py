@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from dpnrepro.config import Params, arch_name
+from dpnrepro.config import Params, arch_name, resolve_run
 from dpnrepro.data.loader import load_split
 from dpnrepro.data.prepare import load_manifest
 from dpnrepro.errors import DatasetError
@@ -32,8 +32,8 @@ def checkpoint_dir(sweep: str, arch: str, stem: str, seed: int) -> Path:
     return Path("checkpoints") / sweep / run_name(arch, stem, seed)
 
 
-def model_spec(params: Params, arch: str, stem: str) -> ModelSpec:
-    m, inp = params.model, params.input
+def model_spec(params: Params, arch: str, stem: str, sweep: str = "table1") -> ModelSpec:
+    m, inp = resolve_run(params, sweep, arch)
     return ModelSpec(
         arch=arch_name(arch), stem=stem, placement=m.placement, num_classes=params.data.num_classes,
         img_size=inp.image_size, in_chans=inp.channels, pool=m.pool, rep_size=m.rep_size,
@@ -52,7 +52,8 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, pr
     if n_classes < params.data.num_classes:
         raise DatasetError(f"prepared data has {n_classes} classes, params say {params.data.num_classes}; "
                            "rerun `dvc repro prepare`")
-    spec = model_spec(params, arch, stem)
+    spec = model_spec(params, arch, stem, sweep)
+    _, input_cfg = resolve_run(params, sweep, arch)
     spec.build()  # fail fast on an unknown arch/stem/placement, before any data is read
     train_ds = load_split(PREPARED, "train")
     out = run_dir(sweep, arch, stem, seed)
@@ -60,7 +61,7 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, pr
         t0 = time.perf_counter()
         with Live(dir=str(tmp / "dvclive"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
             live.log_params({"arch": spec.arch, "stem": stem, "seed": seed, "sweep": sweep})
-            model = train_classifier(spec, train_ds, params.input, params.train, seed=seed,
+            model = train_classifier(spec, train_ds, input_cfg, params.train, seed=seed,
                                      ckpt_dir=checkpoint_dir(sweep, arch, stem, seed), live=live,
                                      progress=progress)
         seconds = time.perf_counter() - t0

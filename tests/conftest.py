@@ -1,0 +1,106 @@
+"""Shared fixtures: a tiny synthetic idx dataset (MNIST file format), a tiny image folder, one thread."""
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The idx fixture: image i of the train split has pixel (0, 0) == i, of the test split == 100 + i, so a
+# prepared example can be traced back to the raw example it came from.
+IDX_TRAIN = 60
+IDX_TEST = 30
+IDX_SIZE = 28
+TEST_OFFSET = 100
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny models and tensors run fastest single-threaded on a busy CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def hf_cache_in_tmp(tmp_path, monkeypatch):
+    """Keep `datasets` caches (imagefolder builds) out of the user's home directory."""
+    import datasets
+
+    cache = tmp_path / "_hf_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def write_idx(path: Path, array: np.ndarray, *, gz: bool = True) -> Path:
+    """Write ``array`` (uint8) as an idx file: >HBB magic (0, 8, ndim), >I per dim, raw body."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    blob = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        with gzip.open(path, "wb") as f:
+            f.write(blob)
+    else:
+        path.write_bytes(blob)
+    return path
+
+
+def idx_images(n: int, offset: int = 0, size: int = IDX_SIZE) -> np.ndarray:
+    r = np.arange(size)[:, None]
+    c = np.arange(size)[None, :]
+    imgs = np.stack([(offset + i + r * c) % 256 for i in range(n)]).astype(np.uint8)
+    imgs[:, 0, 0] = offset + np.arange(n)  # the example id, recoverable after prepare
+    return imgs
+
+
+def make_idx_dataset(root: Path, *, n_train: int = IDX_TRAIN, n_test: int = IDX_TEST, num_classes: int = 10,
+                     train_labels: np.ndarray | None = None) -> Path:
+    if train_labels is None:
+        train_labels = np.arange(n_train) % num_classes
+    write_idx(root / "train-images-idx3-ubyte", idx_images(n_train))
+    write_idx(root / "train-labels-idx1-ubyte", np.asarray(train_labels))
+    write_idx(root / "t10k-images-idx3-ubyte", idx_images(n_test, TEST_OFFSET))
+    write_idx(root / "t10k-labels-idx1-ubyte", np.arange(n_test) % num_classes)
+    return root
+
+
+@pytest.fixture
+def idx_dataset(tmp_path) -> Path:
+    """A Fashion-MNIST-shaped idx directory: 60 train and 30 test 28x28 images, labels i % 10."""
+    return make_idx_dataset(tmp_path / "idx")
+
+
+def make_image_folder(root: Path, classes=("a", "b"), per_class: int = 6, corrupt: str | None = None) -> Path:
+    """``<root>/{train,test}/<class>/<n>.jpg``; ``corrupt`` names one extra garbage train file."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("test", max(2, per_class // 2))):
+        for c in classes:
+            d = root / split / c
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                arr = rng.integers(0, 256, size=(12, 12, 3), dtype=np.uint8)
+                Image.fromarray(arr).save(d / f"{i:03d}.jpg", quality=90)
+    if corrupt:
+        (root / "train" / classes[0] / corrupt).write_bytes(b"\x00this is not a jpeg\xff" * 8)
+    return root
+
+
+def data_cfg(source: Path, **over) -> dict:
+    """A validated ``data`` section as the dict prepare_dataset receives (schema-checked)."""
+    from dpnrepro.config import DataParams
+
+    base = dict(name="tiny", format="idx", source=str(source), train_split="train", eval_split="test",
+                minival_fraction=0.1, train_examples=0, minival_examples=0, val_examples=0,
+                num_classes=10, skip_corrupt=False, seed=0)
+    base.update(over)
+    return DataParams(**base).model_dump()

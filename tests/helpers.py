@@ -1,0 +1,64 @@
+"""Shared helpers for tests that run stages in a scratch copy of the project."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def copy_project(dst: Path) -> Path:
+    """Copy the tracked project files (as git sees them, plus untracked-not-ignored) into ``dst``."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    return dst
+
+
+def tiny_params(**overrides) -> dict:
+    """The repo's params.yaml shrunk to seconds: few images, few steps, the smallest arch."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"].update(train_examples=256, val_examples=128, minival_examples=64)
+    params["train"].update(batch_size=32, steps=12, warmup_steps=2, log_every=2, ckpt_every=4, eval_batch_size=128)
+    params["table1"] = {"archs": ["Mu-7"], "stems": ["conv", "dpn"], "seeds": [0]}
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".")
+        params[section][key] = value
+    return params
+
+
+def write_params(project: Path, params: dict) -> None:
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def stage_env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DVC_NO_ANALYTICS="1",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=stage_env(), capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def git_init(project: Path) -> None:
+    run(["git", "init", "-q"], project)
+    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A"], project)
+    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], project)

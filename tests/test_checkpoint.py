@@ -1,0 +1,254 @@
+"""Checkpoints: safetensors weights, pickle refusal, bit-exact resume, atomic directories."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from dpnrepro.errors import CheckpointError
+from dpnrepro.io import atomic_dir
+from dpnrepro.models import build_vit
+from dpnrepro.training.checkpoint import (
+    MODEL_FILE,
+    load_checkpoint,
+    load_weights,
+    read_checkpoint_meta,
+    safe_torch_load,
+    save_checkpoint,
+    save_weights,
+)
+
+
+def _vit(arch="Mu/7", stem="dpn", seed=0):
+    torch.manual_seed(seed)
+    return build_vit(arch, stem=stem, num_classes=10, img_size=28, in_chans=1)
+
+
+# --- weights -----------------------------------------------------------------------------------------
+
+
+def test_weights_roundtrip_bit_exact(tmp_path):
+    src, dst = _vit(seed=0), _vit(seed=1)
+    assert not torch.equal(src.blocks[0].attn.qkv.weight, dst.blocks[0].attn.qkv.weight)
+    path = tmp_path / "w.safetensors"
+    save_weights(src, path, metadata={"arch": "Mu/7", "seed": 0})
+    assert load_weights(dst, path) is dst
+    a, b = src.state_dict(), dst.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+        assert a[k].dtype == b[k].dtype
+    x = torch.randn(2, 1, 28, 28)
+    src.eval(), dst.eval()
+    assert torch.equal(src(x), dst(x))
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata() == {"arch": "Mu/7", "seed": "0"}
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("other", [dict(arch="Mu/4"), dict(stem="conv")])
+def test_weights_of_another_arch_are_refused(tmp_path, other):
+    path = tmp_path / "w.safetensors"
+    save_weights(_vit(), path)
+    model = _vit(**other)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="does not match this architecture"):
+        load_weights(model, path)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+
+
+def test_non_safetensors_path_is_refused(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save(_vit().state_dict(), path)
+    with pytest.raises(CheckpointError, match="only .safetensors"):
+        load_weights(_vit(), path)
+
+
+def test_missing_weights(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_weights(_vit(), tmp_path / "nope.safetensors")
+
+
+# --- pickles ----------------------------------------------------------------------------------------
+
+
+class _Payload:
+    """Unpickling this runs a shell command (here: touch a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch '{self.marker}'",)
+
+
+def test_safe_torch_load_refuses_malicious_pickle(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"weight": torch.zeros(2), "x": _Payload(marker)}, path)
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        safe_torch_load(path)
+    assert not marker.exists(), "the pickle's payload ran"
+    # control: the payload is live, so the refusal above is what protected us
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def test_safe_torch_load_accepts_plain_tensors(tmp_path):
+    path = tmp_path / "ok.pt"
+    sd = {"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2, dtype=torch.int64)}, "n": 3}
+    torch.save(sd, path)
+    out = safe_torch_load(path)
+    assert torch.equal(out["a"], sd["a"]) and torch.equal(out["b"]["c"], sd["b"]["c"]) and out["n"] == 3
+
+
+# --- resumable training state -------------------------------------------------------------------------
+
+
+class _Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.norm = nn.LayerNorm(16)
+        self.drop = nn.Dropout(0.3)  # consumes the torch RNG, so RNG restore matters
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.norm(self.fc1(x)))))
+
+
+def _setup(seed):
+    torch.manual_seed(seed)
+    model = _Tiny()
+    opt = torch.optim.AdamW(
+        [{"params": [model.fc1.weight, model.fc2.weight], "weight_decay": 0.1},
+         {"params": [model.fc1.bias, model.fc2.bias, *model.norm.parameters()], "weight_decay": 0.0}],
+        lr=1e-2, betas=(0.9, 0.99), eps=1e-8,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4) * 0.9 ** s)
+    return model, opt, sched
+
+
+def _train(model, opt, sched, steps):
+    model.train()
+    for _ in range(steps):
+        x = torch.randn(8, 6)  # data from the global torch RNG
+        scale = random.uniform(0.5, 1.5)  # and from Python's
+        loss = (model(x * scale) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+
+
+def test_resume_is_bit_identical(tmp_path):
+    torch.manual_seed(0)
+    random.seed(0)
+    ref, ref_opt, ref_sched = _setup(0)
+    torch.manual_seed(1)
+    random.seed(1)
+    _train(ref, ref_opt, ref_sched, 6)
+
+    model, opt, sched = _setup(0)
+    torch.manual_seed(1)
+    random.seed(1)
+    _train(model, opt, sched, 3)
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=3, fingerprint="fp", extra={"k": 1})
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(
+        [MODEL_FILE, "optimizer.safetensors", "rng.safetensors", "meta.json"])
+
+    # a fresh process: other weights, fresh optimizer/scheduler, scrambled RNGs
+    model2, opt2, sched2 = _setup(99)
+    torch.manual_seed(12345)
+    random.seed(12345)
+    meta = load_checkpoint(ckpt, model=model2, optimizer=opt2, scheduler=sched2)
+    assert meta["step"] == 3 and meta["fingerprint"] == "fp" and meta["extra"] == {"k": 1}
+    assert read_checkpoint_meta(ckpt) == meta
+    assert sched2.last_epoch == 3 and sched2.get_last_lr() == sched.get_last_lr()
+    assert opt2.param_groups[0]["weight_decay"] == 0.1 and opt2.param_groups[1]["weight_decay"] == 0.0
+    assert float(opt2.state[model2.fc1.weight]["step"]) == 3
+    _train(model2, opt2, sched2, 3)
+
+    for (name, a), b in zip(ref.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), f"{name} differs after resume"
+    for p_ref, p in zip(ref.parameters(), model2.parameters()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(ref_opt.state[p_ref][key], opt2.state[p][key])
+    assert sched2.get_last_lr() == ref_sched.get_last_lr()
+
+
+def test_resume_without_rng_restore_would_differ(tmp_path):
+    """Control for the test above: the RNG streams do matter, so a missing restore would be caught."""
+    ref, ref_opt, ref_sched = _setup(0)
+    torch.manual_seed(1)
+    random.seed(1)
+    _train(ref, ref_opt, ref_sched, 6)
+    model, opt, sched = _setup(0)
+    torch.manual_seed(1)
+    random.seed(1)
+    _train(model, opt, sched, 3)
+    torch.manual_seed(12345)
+    _train(model, opt, sched, 3)
+    assert not torch.equal(ref.fc1.weight, model.fc1.weight)
+
+
+def test_load_checkpoint_missing(tmp_path):
+    model, opt, sched = _setup(0)
+    assert read_checkpoint_meta(tmp_path / "none") is None
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "none", model=model, optimizer=opt, scheduler=sched)
+
+
+def test_save_checkpoint_replaces_previous(tmp_path):
+    model, opt, sched = _setup(0)
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=1, fingerprint="a")
+    _train(model, opt, sched, 1)
+    save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=2, fingerprint="a")
+    assert read_checkpoint_meta(ckpt)["step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no .ckpt.*.tmp / .ckpt.old left
+
+
+# --- atomic directories ------------------------------------------------------------------------------
+
+
+def test_atomic_dir_failure_keeps_previous_content(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="boom"):
+        with atomic_dir(out) as tmp:
+            assert tmp != out and tmp.parent == out.parent
+            (tmp / "keep.txt").write_text("new")
+            (tmp / "partial.bin").write_bytes(b"x")
+            raise RuntimeError("boom")
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert (out / "keep.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_atomic_dir_failure_without_previous_leaves_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "a").write_text("x")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_success_replaces_and_cleans_stale(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    stale = tmp_path / ".out.abc.tmp"  # left by a killed earlier attempt
+    stale.mkdir()
+    with atomic_dir(out) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -1,0 +1,156 @@
+"""params.yaml schema: the repo's file validates; every kind of mistake is one ParamsError line naming it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from dpnrepro.config import Params, arch_name, load_params
+from dpnrepro.errors import ParamsError, UserError
+
+PARAMS = REPO / "params.yaml"
+
+
+def _raw() -> dict:
+    return yaml.safe_load(PARAMS.read_text())
+
+
+def _write(tmp_path, raw: dict):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _error(tmp_path, raw: dict) -> str:
+    with pytest.raises(ParamsError) as info:
+        load_params(_write(tmp_path, raw))
+    msg = str(info.value)
+    assert "\n" not in msg, "a params error must be one line"
+    return msg
+
+
+def test_repo_params_validate():
+    params = load_params(PARAMS)
+    assert isinstance(params, Params)
+    raw = _raw()
+    assert params.profile == raw["profile"]
+    assert params.train.lr == raw["train"]["lr"]
+    assert params.train.batch_size == raw["train"]["batch_size"]
+    assert params.data.num_classes == raw["data"]["num_classes"]
+    assert all("/" not in a for a in params.table1.archs)
+    assert all("/" in arch_name(a) for a in params.table1.archs)
+    assert params.train.batch_size % params.train.devices == 0
+    assert params.train.warmup_steps <= params.train.steps
+
+
+def test_params_are_immutable():
+    params = load_params(PARAMS)
+    with pytest.raises(Exception):
+        params.train.lr = 1.0  # frozen: a stage cannot silently diverge from the validated file
+
+
+def test_params_error_is_user_error():
+    assert issubclass(ParamsError, UserError)  # the stage decorator turns it into `error: ...`, exit 2
+
+
+def test_unknown_top_level_key(tmp_path):
+    raw = _raw()
+    raw["trainn"] = {"lr": 1.0}
+    msg = _error(tmp_path, raw)
+    assert "trainn" in msg and "unknown key" in msg
+
+
+def test_unknown_nested_key(tmp_path):
+    raw = _raw()
+    raw["train"]["lrr"] = 0.1
+    msg = _error(tmp_path, raw)
+    assert "train.lrr: unknown key" in msg
+
+
+def test_wrong_type(tmp_path):
+    raw = _raw()
+    raw["train"]["batch_size"] = "abc"
+    msg = _error(tmp_path, raw)
+    assert "train.batch_size" in msg
+    assert "unknown key" not in msg
+
+
+def test_negative_lr(tmp_path):
+    raw = _raw()
+    raw["train"]["lr"] = -0.001
+    msg = _error(tmp_path, raw)
+    assert "train.lr" in msg and "greater than 0" in msg
+
+
+def test_warmup_longer_than_training(tmp_path):
+    raw = _raw()
+    raw["train"]["warmup_steps"] = raw["train"]["steps"] + 1
+    msg = _error(tmp_path, raw)
+    assert "warmup_steps" in msg and "exceeds steps" in msg
+
+
+def test_batch_not_divisible_by_devices(tmp_path):
+    raw = _raw()
+    raw["train"]["batch_size"] = 10
+    raw["train"]["devices"] = 4
+    msg = _error(tmp_path, raw)
+    assert "not divisible" in msg and "devices" in msg
+
+
+def test_arch_with_slash_is_refused(tmp_path):
+    raw = _raw()
+    raw["table1"]["archs"] = ["Mu/4"]
+    msg = _error(tmp_path, raw)
+    assert "table1.archs" in msg and "'Mu-4'" in msg
+
+
+def test_missing_section(tmp_path):
+    raw = _raw()
+    del raw["train"]
+    msg = _error(tmp_path, raw)
+    assert "train" in msg and "Field required" in msg
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = tmp_path / "params.yaml"
+    text = PARAMS.read_text().splitlines()
+    text.insert(10, "\tbad: 1")  # becomes line 11 (1-based): a tab cannot start a YAML token
+    path.write_text("\n".join(text) + "\n")
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert str(path) in msg and "not valid YAML at line 11:" in msg
+
+
+def test_malformed_yaml_exact_line(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("profile: smoke\ndata:\n  name: x\n   bad_indent: 1\n")
+    with pytest.raises(ParamsError, match=r"at line 4\b"):
+        load_params(path)
+
+
+def test_not_a_mapping(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ParamsError, match="must be a mapping"):
+        load_params(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_stage_with_malformed_params_exits_2_and_writes_nothing(tmp_path):
+    (tmp_path / "params.yaml").write_text("profile: smoke\ndata: [unclosed\n")
+    proc = subprocess.run([sys.executable, str(REPO / "stages" / "prepare.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "params.yaml" in lines[0] and "line" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no data/, no temp dirs

@@ -1,0 +1,328 @@
+"""Data: idx reader validation, the train[:99%]/train[99%:]/val protocol, atomic prepare, step-indexed batches."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (
+    IDX_TEST,
+    IDX_TRAIN,
+    TEST_OFFSET,
+    data_cfg,
+    idx_images,
+    make_idx_dataset,
+    make_image_folder,
+    write_idx,
+)
+from dpnrepro.data.loader import StepBatchSampler, TransformedSplit, build_transform, load_split
+from dpnrepro.data.prepare import load_manifest, prepare_dataset
+from dpnrepro.data.sources import load_idx, read_idx
+from dpnrepro.errors import DatasetError
+
+pytestmark = pytest.mark.usefixtures("hf_cache_in_tmp")
+
+# --- idx reader --------------------------------------------------------------------------------------
+
+
+def test_read_idx_roundtrip(tmp_path):
+    imgs = idx_images(5)
+    assert np.array_equal(read_idx(write_idx(tmp_path / "a", imgs).with_suffix("")), imgs)  # via .gz
+    assert np.array_equal(read_idx(write_idx(tmp_path / "b", imgs, gz=False)), imgs)  # plain file
+
+
+def test_read_idx_truncated(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte"
+    write_idx(path, idx_images(4), gz=False)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(DatasetError, match="truncated") as info:
+        read_idx(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_idx_truncated_gz(tmp_path):
+    path = tmp_path / "train-labels-idx1-ubyte"
+    gz = write_idx(path, np.arange(10))
+    blob = gzip.decompress(gz.read_bytes())[:-3]
+    gz.write_bytes(gzip.compress(blob))
+    with pytest.raises(DatasetError) as info:
+        read_idx(path)
+    assert str(path) in str(info.value) and "7 of 10 bytes" in str(info.value)
+
+
+@pytest.mark.parametrize("header", [b"\x00\x00\x0d\x01", b"\x08\x03\x00\x00", b"PK\x03\x04"])
+def test_read_idx_bad_magic(tmp_path, header):
+    path = tmp_path / "t10k-labels-idx1-ubyte"
+    path.write_bytes(header + b"\x00\x00\x00\x02" + b"\x01\x02")
+    with pytest.raises(DatasetError, match="bad magic") as info:
+        read_idx(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_idx_tiny_file(tmp_path):
+    path = tmp_path / "x-idx1-ubyte"
+    path.write_bytes(b"\x00\x00")
+    with pytest.raises(DatasetError, match="corrupt idx file") as info:
+        read_idx(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_idx_missing_dir_hints_apt_get(tmp_path):
+    with pytest.raises(DatasetError) as info:
+        load_idx(tmp_path / "nowhere", "train")
+    msg = str(info.value)
+    assert str(tmp_path / "nowhere") in msg and "apt-get install dataset-fashion-mnist" in msg
+
+
+def test_load_idx_missing_file_hints_apt_get(tmp_path):
+    root = make_idx_dataset(tmp_path / "idx")
+    (root / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DatasetError, match="apt-get install dataset-fashion-mnist") as info:
+        load_idx(root, "test")
+    assert "t10k-labels-idx1-ubyte" in str(info.value)
+
+
+def test_load_idx_inconsistent_lengths(tmp_path):
+    root = make_idx_dataset(tmp_path / "idx")
+    write_idx(root / "train-labels-idx1-ubyte", np.zeros(IDX_TRAIN - 1, np.uint8))
+    with pytest.raises(DatasetError, match="inconsistent"):
+        load_idx(root, "train")
+
+
+# --- prepare ---------------------------------------------------------------------------------------
+
+
+def _ids(prepared, split) -> list[int]:
+    """The raw example ids (pixel (0, 0)) of a prepared split, in order."""
+    return [int(np.asarray(im)[0, 0]) for im in load_split(prepared, split)["image"]]
+
+
+def test_prepare_split_protocol_and_manifest(idx_dataset, tmp_path):
+    out = tmp_path / "prepared"
+    cfg = data_cfg(idx_dataset, train_examples=20)
+    manifest = prepare_dataset(cfg, out)
+    assert manifest == load_manifest(out) == json.loads((out / "manifest.json").read_text())
+
+    n_minival = round(IDX_TRAIN * 0.1)  # train[90%:] here (minival_fraction 0.1)
+    # minival is exactly the tail of the train split, in order
+    assert _ids(out, "minival") == list(range(IDX_TRAIN - n_minival, IDX_TRAIN))
+    # train is a sorted, seeded subsample of the head only: never a minival example
+    train_ids = _ids(out, "train")
+    assert len(train_ids) == 20 and train_ids == sorted(set(train_ids))
+    assert max(train_ids) < IDX_TRAIN - n_minival
+    # val is the whole official test split
+    assert _ids(out, "val") == [TEST_OFFSET + i for i in range(IDX_TEST)]
+    # labels travel with their images
+    ds = load_split(out, "train")
+    assert [int(y) for y in ds["label"]] == [i % 10 for i in train_ids]
+
+    splits = manifest["splits"]
+    assert set(splits) == {"train", "minival", "val"}
+    assert {k: v["examples"] for k, v in splits.items()} == {"train": 20, "minival": n_minival, "val": IDX_TEST}
+    assert splits["minival"]["class_counts"] == np.bincount(np.arange(54, 60) % 10, minlength=10).tolist()
+    assert splits["val"]["class_counts"] == [3] * 10
+    for stats in splits.values():
+        assert sum(stats["class_counts"]) == stats["examples"] and len(stats["class_counts"]) == 10
+        assert len(stats["sha256"]) == 64 and stats["skipped_corrupt"] == 0
+    assert manifest["class_names"][0] == "T-shirt/top" and len(manifest["class_names"]) == 10
+    assert manifest["format"] == "idx" and manifest["source"] == str(idx_dataset)
+    assert not list(tmp_path.glob(".prepared.*"))  # no temp directories left behind
+
+
+def test_prepare_is_deterministic_and_seeded(idx_dataset, tmp_path):
+    cfg = data_cfg(idx_dataset, train_examples=20, val_examples=10)
+    a = prepare_dataset(cfg, tmp_path / "a")
+    b = prepare_dataset(cfg, tmp_path / "b")
+    assert a["splits"] == b["splits"]
+    assert _ids(tmp_path / "a", "train") == _ids(tmp_path / "b", "train")
+
+    c = prepare_dataset(data_cfg(idx_dataset, train_examples=20, val_examples=10, seed=1), tmp_path / "c")
+    assert _ids(tmp_path / "c", "train") != _ids(tmp_path / "a", "train")
+    assert c["splits"]["train"]["sha256"] != a["splits"]["train"]["sha256"]
+    assert c["splits"]["val"]["sha256"] != a["splits"]["val"]["sha256"]
+    # minival is never subsampled here (minival_examples 0): identical whatever the seed
+    assert c["splits"]["minival"]["sha256"] == a["splits"]["minival"]["sha256"]
+
+
+def test_prepare_replaces_previous_output(idx_dataset, tmp_path):
+    out = tmp_path / "prepared"
+    prepare_dataset(data_cfg(idx_dataset, train_examples=20), out)
+    m = prepare_dataset(data_cfg(idx_dataset, train_examples=10), out)
+    assert load_manifest(out) == m and len(_ids(out, "train")) == 10
+
+
+def test_prepare_label_outside_num_classes(idx_dataset, tmp_path):
+    # the idx source has 10 class names and labels 0..9; telling prepare there are 5 classes must fail
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match=r"label \d+ outside \[0, 5\)"):
+        prepare_dataset(data_cfg(idx_dataset, num_classes=5), out)
+    assert not out.exists()
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="BUG: an idx label >= 10 makes datasets.ClassLabel raise a bare "
+                   "ValueError in load_source instead of a one-line DatasetError")
+def test_prepare_idx_label_out_of_range_is_dataset_error(tmp_path):
+    labels = np.arange(IDX_TRAIN) % 10
+    labels[7] = 12
+    root = make_idx_dataset(tmp_path / "idx", train_labels=labels)
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match="12"):
+        prepare_dataset(data_cfg(root), out)
+    assert not out.exists()
+
+
+def test_prepare_fewer_classes_than_configured(tmp_path):
+    root = make_image_folder(tmp_path / "folder", classes=("a", "b"))
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match="has 2 classes but data.num_classes is 3"):
+        prepare_dataset(data_cfg(root, format="imagefolder", num_classes=3), out)
+    assert not out.exists()
+
+
+def test_prepare_imagefolder(tmp_path):
+    root = make_image_folder(tmp_path / "folder", classes=("a", "b"), per_class=6)
+    m = prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.25),
+                        tmp_path / "out")
+    assert {k: v["examples"] for k, v in m["splits"].items()} == {"train": 9, "minival": 3, "val": 6}
+    assert m["class_names"] == ["a", "b"] and m["splits"]["val"]["class_counts"] == [3, 3]
+
+
+def test_prepare_corrupt_image_is_named_and_nothing_is_written(tmp_path):
+    root = make_image_folder(tmp_path / "folder", corrupt="bad.jpg")
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match="skip_corrupt") as info:
+        prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2), out)
+    assert "bad.jpg" in str(info.value) and "corrupt image" in str(info.value)
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.*")), "temporary output left behind"
+
+
+def test_prepare_corrupt_image_skipped(tmp_path):
+    root = make_image_folder(tmp_path / "folder", corrupt="bad.jpg", per_class=6)
+    out = tmp_path / "out"
+    m = prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, skip_corrupt=True), out)
+    splits = m["splits"]
+    assert sum(s["skipped_corrupt"] for s in splits.values()) == 1
+    assert splits["train"]["examples"] + splits["minival"]["examples"] == 12  # 13 files, 1 dropped
+    for name, s in splits.items():
+        ds = load_split(out, name)
+        assert len(ds) == s["examples"]
+        for im in ds["image"]:
+            im.load()  # every kept image decodes
+
+
+def test_prepare_failure_keeps_previous_output(idx_dataset, tmp_path):
+    out = tmp_path / "out"
+    good = prepare_dataset(data_cfg(idx_dataset), out)
+    with pytest.raises(DatasetError):
+        prepare_dataset(data_cfg(idx_dataset, num_classes=5), out)
+    assert load_manifest(out) == good and len(_ids(out, "val")) == IDX_TEST
+    assert not list(tmp_path.glob(".out.*"))
+
+
+# --- step-indexed batches --------------------------------------------------------------------------
+
+
+def test_sampler_resume_gives_the_same_batches():
+    kw = dict(seed=3, total_steps=40)
+    full = StepBatchSampler(64, 8, start_step=0, **kw)
+    batches = list(full)
+    assert len(batches) == 40
+    for s in (0, 5, 8, 17, 39):
+        resumed = StepBatchSampler(64, 8, start_step=s, **kw)
+        assert len(resumed) == 40 - s
+        assert list(resumed) == batches[s:]
+        assert resumed.batch_for_step(s) == full.batch_for_step(s) == batches[s]
+
+
+def test_sampler_covers_each_index_once_per_epoch():
+    sampler = StepBatchSampler(64, 8, seed=0, start_step=0, total_steps=24)
+    epochs = [[i for s in range(e * 8, (e + 1) * 8) for i, _ in sampler.batch_for_step(s)] for e in range(3)]
+    for ids in epochs:
+        assert sorted(ids) == list(range(64))
+    assert epochs[0] != epochs[1] != epochs[2]  # reshuffled every epoch
+    # every example of every step gets its own augmentation seed
+    seeds = [k for s in range(24) for _, k in sampler.batch_for_step(s)]
+    assert len(set(seeds)) == len(seeds)
+
+
+def test_sampler_drops_the_remainder_without_repeats():
+    sampler = StepBatchSampler(70, 8, seed=0, start_step=0, total_steps=8)
+    ids = [i for b in sampler for i, _ in b]
+    assert len(ids) == 64 == len(set(ids)) and all(0 <= i < 70 for i in ids)
+
+
+def test_sampler_ranks_slice_the_global_batch():
+    kw = dict(seed=1, start_step=0, total_steps=12)
+    single = StepBatchSampler(64, 8, **kw)
+    r0 = StepBatchSampler(64, 8, rank=0, world_size=2, **kw)
+    r1 = StepBatchSampler(64, 8, rank=1, world_size=2, **kw)
+    for s in range(12):
+        a, b = r0.batch_for_step(s), r1.batch_for_step(s)
+        assert len(a) == len(b) == 4
+        assert a + b == single.batch_for_step(s)  # same indices AND same per-example seeds
+
+
+def test_sampler_seed_changes_order():
+    a = StepBatchSampler(64, 8, seed=0, start_step=0, total_steps=1).batch_for_step(0)
+    b = StepBatchSampler(64, 8, seed=1, start_step=0, total_steps=1).batch_for_step(0)
+    assert [i for i, _ in a] != [i for i, _ in b]
+
+
+def test_sampler_refuses_too_small_split():
+    with pytest.raises(DatasetError, match="fewer than one batch"):
+        StepBatchSampler(5, 8, seed=0, start_step=0, total_steps=1)
+
+
+def test_transformed_split_is_seeded_and_isolated(idx_dataset, tmp_path):
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "train")
+    cfg = dict(image_size=28, channels=1, eval_resize=28, inception_crop=True, flip=True, randaug="")
+    split = TransformedSplit(ds, build_transform(cfg, train=True))
+
+    torch.manual_seed(123)
+    random.seed(123)
+    torch_state, py_state = torch.get_rng_state(), random.getstate()
+    x1, y1 = split[(3, 77)]
+    x2, y2 = split[(3, 77)]
+    x3, _ = split[(3, 78)]
+    assert torch.equal(torch.get_rng_state(), torch_state), "global torch RNG was advanced"
+    assert random.getstate() == py_state, "global Python RNG was advanced"
+    assert torch.equal(x1, x2) and y1 == y2 == 3
+    assert not torch.equal(x1, x3)  # the per-example seed does drive the augmentation
+    assert x1.shape == (1, 28, 28) and x1.dtype == torch.float32
+    assert -1.0 <= float(x1.min()) and float(x1.max()) <= 1.0
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="BUG: build_transform gives timm RandAugment no "
+                   "img_mean, so its RGB fill tuple crashes on 1-channel (mode 'L') images")
+def test_randaug_on_grayscale(idx_dataset, tmp_path):
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "train")
+    cfg = dict(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=False, randaug="rand-m9-n2")
+    split = TransformedSplit(ds, build_transform(cfg, train=True))
+    outs = [split[(i % len(ds), seed)][0] for i, seed in enumerate(range(16))]
+    assert all(x.shape == (1, 28, 28) for x in outs)
+    assert torch.equal(split[(0, 0)][0], outs[0])
+
+
+def test_eval_transform_is_deterministic(idx_dataset, tmp_path):
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "val")
+    cfg = dict(image_size=28, channels=1, eval_resize=28)
+    split = TransformedSplit(ds, build_transform(cfg, train=False))
+    x, y = split[0]
+    raw = np.asarray(ds[0]["image"], dtype=np.float32)
+    assert torch.allclose(x[0], torch.from_numpy(raw / 255.0 * 2 - 1), atol=1e-6)  # value_range(-1, 1)
+    assert y == 0
+
+
+def test_load_split_missing(tmp_path):
+    with pytest.raises(DatasetError, match="dvc repro prepare"):
+        load_split(tmp_path, "train")
+    with pytest.raises(DatasetError, match="manifest.json"):
+        load_manifest(tmp_path)

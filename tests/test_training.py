@@ -1,0 +1,82 @@
+"""The trainer: a run killed with SIGKILL resumes from its last checkpoint to bit-identical weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from helpers import FMNIST, copy_project, git_init, run, stage_env, tiny_params, write_params
+
+pytestmark = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist (make env)")
+
+TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
+RUN = "runs/table1/Mu-7_dpn_s0"
+CKPT = "checkpoints/table1/Mu-7_dpn_s0"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = copy_project(tmp_path_factory.mktemp("proj"))
+    write_params(root, tiny_params(**{"train.steps": 40, "train.ckpt_every": 8}))
+    git_init(root)
+    run([sys.executable, "stages/prepare.py"], root)
+    return root
+
+
+def _weights(path):
+    return load_file(str(path))
+
+
+def test_uninterrupted_runs_are_bit_identical(project, tmp_path):
+    run([sys.executable, *TRAIN], project)
+    first = _weights(project / RUN / "model.safetensors")
+    run(["rm", "-rf", RUN, CKPT], project)
+    run([sys.executable, *TRAIN], project)
+    second = _weights(project / RUN / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all((first[k] == second[k]).all() for k in first), "same seed, same data: weights must match on CPU"
+
+
+def test_kill_minus_9_then_resume_matches_uninterrupted(project):
+    run(["rm", "-rf", RUN, CKPT], project)
+    run([sys.executable, *TRAIN], project)
+    reference = _weights(project / RUN / "model.safetensors")
+    run(["rm", "-rf", RUN, CKPT], project)
+
+    proc = subprocess.Popen([sys.executable, *TRAIN], cwd=project, env=stage_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    meta = project / CKPT / "meta.json"
+    deadline = time.time() + 240
+    while not meta.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert meta.exists(), "no checkpoint appeared before the run ended"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    import json
+
+    killed_at = json.loads(meta.read_text())["step"]
+    assert not (project / RUN).exists(), "a killed run must not leave a run directory behind"
+
+    out = run([sys.executable, *TRAIN], project)
+    assert f"resuming from {CKPT} at step" in out.stdout
+    resumed = _weights(project / RUN / "model.safetensors")
+    assert all((reference[k] == resumed[k]).all() for k in reference), f"resumed from step {killed_at}: weights differ"
+
+
+def test_checkpoint_of_other_config_is_not_resumed(project):
+    run(["rm", "-rf", RUN, CKPT], project)
+    run([sys.executable, *TRAIN], project)
+    params = tiny_params(**{"train.steps": 40, "train.ckpt_every": 8, "train.lr": 0.002})
+    write_params(project, params)
+    try:
+        out = run([sys.executable, *TRAIN], project)
+        assert "ignoring checkpoint" in out.stdout
+        assert "resuming" not in out.stdout
+    finally:
+        write_params(project, tiny_params(**{"train.steps": 40, "train.ckpt_every": 8}))
