@@ -252,3 +252,63 @@ def test_atomic_dir_success_replaces_and_cleans_stale(tmp_path):
         (tmp / "new.txt").write_text("new")
     assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# --- the trainer's resume (end to end, in-process) ------------------------------------------------------
+
+
+class _Killed(Exception):
+    pass
+
+
+def _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool:
+    """Train 6 steps uninterrupted, and 3 steps + 'kill' right after the step-3 checkpoint + resume."""
+    # seed_everything() switches on deterministic algorithms and sets CUBLAS_WORKSPACE_CONFIG: undo after
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        return _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop)
+    finally:
+        torch.use_deterministic_algorithms(det, warn_only=warn_only)
+
+
+def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool:
+    from conftest import data_cfg
+    from dpnrepro.config import InputParams, TrainParams
+    from dpnrepro.data.loader import load_split
+    from dpnrepro.data.prepare import prepare_dataset
+    from dpnrepro.training import trainer
+
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "prepared")
+    ds = load_split(tmp_path / "prepared", "train")
+    spec = trainer.ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28,
+                             in_chans=1, pool="tok", rep_size=False, head_bias_init=0.0, drop_rate=drop,
+                             drop_path_rate=drop)
+    inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True)
+    cfg = TrainParams(lr=1e-3, batch_size=8, steps=6, warmup_steps=1, ckpt_every=3, log_every=100, device="cpu")
+    ref = trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "a", progress=False)
+
+    real_save = trainer.save_checkpoint
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise _Killed
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    with pytest.raises(_Killed):
+        trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "b", progress=False)
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    assert read_checkpoint_meta(tmp_path / "b")["step"] == 3
+    resumed = trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "b", progress=False)
+    a, b = ref.state_dict(), resumed.state_dict()
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.usefixtures("hf_cache_in_tmp")
+def test_trainer_resume_bit_identical(tmp_path, monkeypatch, idx_dataset):
+    assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.0)
+
+
+@pytest.mark.usefixtures("hf_cache_in_tmp")
+def test_trainer_resume_bit_identical_with_dropout(tmp_path, monkeypatch, idx_dataset):
+    assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.1)

@@ -116,7 +116,7 @@ def test_missing_section(tmp_path):
 
 def test_malformed_yaml_names_the_line(tmp_path):
     path = tmp_path / "params.yaml"
-    text = PARAMS.read_text().splitlines()
+    text = yaml.safe_dump(_raw(), sort_keys=False).splitlines()  # plain block style, whatever the profile
     text.insert(10, "\tbad: 1")  # becomes line 11 (1-based): a tab cannot start a YAML token
     path.write_text("\n".join(text) + "\n")
     with pytest.raises(ParamsError) as info:
@@ -131,6 +131,14 @@ def test_malformed_yaml_exact_line(tmp_path):
     path.write_text("profile: smoke\ndata:\n  name: x\n   bad_indent: 1\n")
     with pytest.raises(ParamsError, match=r"at line 4\b"):
         load_params(path)
+
+
+def test_non_utf8_params_is_a_params_error(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_bytes(b"# caf\xe9 (latin-1, as an old editor saves it)\n" + PARAMS.read_bytes())
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_not_a_mapping(tmp_path):

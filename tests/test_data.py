@@ -163,8 +163,6 @@ def test_prepare_label_outside_num_classes(idx_dataset, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="BUG: an idx label >= 10 makes datasets.ClassLabel raise a bare "
-                   "ValueError in load_source instead of a one-line DatasetError")
 def test_prepare_idx_label_out_of_range_is_dataset_error(tmp_path):
     labels = np.arange(IDX_TRAIN) % 10
     labels[7] = 12
@@ -298,8 +296,6 @@ def test_transformed_split_is_seeded_and_isolated(idx_dataset, tmp_path):
     assert -1.0 <= float(x1.min()) and float(x1.max()) <= 1.0
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="BUG: build_transform gives timm RandAugment no "
-                   "img_mean, so its RGB fill tuple crashes on 1-channel (mode 'L') images")
 def test_randaug_on_grayscale(idx_dataset, tmp_path):
     prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
     ds = load_split(tmp_path / "p", "train")

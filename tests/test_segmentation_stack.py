@@ -18,8 +18,9 @@ def _require(name: str):
     try:
         return importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - any import failure means the stack is broken
-        pytest.fail(f"cannot import {name} ({type(exc).__name__}: {exc}); "
-                    "run `bash scripts/build_mmcv.sh` in the virtual environment", pytrace=False)
+        problem = f"{type(exc).__name__}: {exc}"
+    pytest.fail(f"cannot import {name} ({problem}); run `bash scripts/build_mmcv.sh` in the virtual "
+                "environment (mmsegmentation needs mmcv 2.1.0 with its compiled ops)", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,10 @@ def test_versions_and_compiled_ops():
     assert keep.tolist() == [0, 2] and dets.shape == (2, 5)
 
 
-def _model_cfg(num_convs: int) -> dict:
-    return dict(
+def _model_cfg(num_convs: int):
+    from mmengine.config import ConfigDict  # mmseg reads test_cfg.mode as an attribute, as from a config file
+
+    return ConfigDict(
         type="EncoderDecoder",
         data_preprocessor=dict(
             type="SegDataPreProcessor", mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
@@ -59,10 +62,11 @@ def _model_cfg(num_convs: int) -> dict:
             num_layers=1, num_heads=2, mlp_ratio=2, out_indices=(0,), drop_rate=0.0, drop_path_rate=0.0,
             with_cls_token=True, final_norm=True, norm_cfg=dict(type="LN", eps=1e-6)),
         decode_head=dict(
-            type="FCNHead", in_channels=DIMS, in_index=0, channels=16, num_convs=num_convs,
+            # FCNHead without convs feeds the features straight to the classifier: channels == in_channels
+            type="FCNHead", in_channels=DIMS, in_index=0, channels=16 if num_convs else DIMS, num_convs=num_convs,
             concat_input=False, num_classes=CLASSES, dropout_ratio=0.0, align_corners=False,
             norm_cfg=dict(type="BN", requires_grad=True),
-            loss_decode=dict(type="CrossEntropyLoss", use_sigmoid=False, loss_weight=1.0)),
+            loss_decode=dict(type="CrossEntropyLoss", use_sigmoid=False, loss_weight=1.0, avg_non_ignore=True)),
         train_cfg=dict(),
         test_cfg=dict(mode="whole"),
     )
@@ -140,4 +144,4 @@ def test_train_step_reduces_loss(mmseg):
     for _ in range(8):
         last = model.train_step(batch, optim)
     assert torch.isfinite(first["loss"]) and torch.isfinite(last["loss"])
-    assert float(last["loss"]) < float(first["loss"])  # it learns (overfits one batch)
+    assert last["loss"].item() < first["loss"].item()  # it learns (overfits one batch)

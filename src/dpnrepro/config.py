@@ -166,7 +166,9 @@ def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     if not path.exists():
         raise ParamsError(f"{path} not found; run from the repository root or copy a profile from profiles/")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"{path} is not UTF-8 text (invalid byte at offset {exc.start}); re-save it as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -31,7 +31,7 @@ def build_transform(cfg: dict, train: bool):
         if cfg.get("randaug"):
             from timm.data.auto_augment import rand_augment_transform
 
-            ops.append(rand_augment_transform(cfg["randaug"], {"translate_const": int(size * 0.45)}))
+            ops.append(rand_augment_transform(cfg["randaug"], {"translate_const": int(size * 0.45), "img_mean": (128,) * cfg["channels"]}))
     else:
         ops += [v2.Resize(cfg.get("eval_resize", size), antialias=True), v2.CenterCrop(size)]
     ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]
@@ -129,6 +129,7 @@ def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0):
         num_workers=workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=False,
+        generator=torch.Generator().manual_seed(sampler.seed),  # keep the global RNG out of the loader
     )
 
 

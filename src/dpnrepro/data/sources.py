@@ -96,6 +96,12 @@ def load_source(fmt: str, source: str, splits: dict[str, str]) -> dict:
         out = {}
         for name, src_split in splits.items():
             images, labels = load_idx(source, src_split)
+            bad = np.flatnonzero((labels < 0) | (labels >= len(FASHION_MNIST_CLASSES)))
+            if len(bad):
+                raise DatasetError(
+                    f"idx split {src_split!r} in {source}: example {bad[0]} has label {labels[bad[0]]} "
+                    f"outside [0, {len(FASHION_MNIST_CLASSES)}); reinstall the dataset"
+                )
             out[name] = datasets.Dataset.from_dict(
                 {"image": list(images), "label": labels.tolist()}, features=features
             )

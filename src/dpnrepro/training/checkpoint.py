@@ -138,6 +138,8 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler) -> dic
 
 def safe_torch_load(path: str | Path):
     """The only way this project opens a torch pickle: ``weights_only=True`` (no arbitrary code)."""
+    if not Path(path).exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -150,7 +150,7 @@ def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: i
         step += 1
         ckpt_now = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps
         if log_now or ckpt_now:
-            loss_value = float(loss)
+            loss_value = loss.item()
             if not math.isfinite(loss_value):
                 raise TrainingDiverged(
                     f"loss is {loss_value} at step {step}; last good checkpoint kept in {ckpt_dir}. "
