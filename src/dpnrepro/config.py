@@ -64,6 +64,15 @@ class ModelParams(_Section):
     pool: Literal["tok", "gap"] = "tok"
     rep_size: bool | int = True
     placement: str = "pre-pre"
+
+    @field_validator("placement")
+    @classmethod
+    def _known_placement(cls, placement):
+        from dpnrepro.models import PLACEMENTS
+
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
+        return placement
     head_bias_init: float = 0.0
     dropout: float = Field(0.0, ge=0, lt=1)
     stoch_depth: float = Field(0.0, ge=0, lt=1)
@@ -127,10 +136,23 @@ class SweepParams(_Section):
     @field_validator("archs")
     @classmethod
     def _dvc_safe(cls, archs):
+        from dpnrepro.models import parse_arch
+
         for a in archs:
             if "/" in a:
                 raise ValueError(f"write arch {a!r} as {a.replace('/', '-')!r} (DVC stage names cannot hold '/')")
+            parse_arch(arch_name(a))  # ValueError listing the valid sizes
         return archs
+
+    @field_validator("stems")
+    @classmethod
+    def _known_stems(cls, stems):
+        from dpnrepro.models import STEMS
+
+        unknown = [s for s in stems if s not in STEMS]
+        if unknown:
+            raise ValueError(f"unknown stem(s) {unknown}; choose from {', '.join(STEMS)}")
+        return stems
 
 
 class Params(_Section):
