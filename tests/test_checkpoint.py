@@ -147,18 +147,21 @@ def _train(model, opt, sched, steps):
         sched.step()
 
 
-def test_resume_is_bit_identical(tmp_path):
-    torch.manual_seed(0)
-    random.seed(0)
+def _reference_and_half_run():
+    """A 6-step reference run and an identical run stopped after 3 steps (same init and RNG seeds)."""
     ref, ref_opt, ref_sched = _setup(0)
     torch.manual_seed(1)
     random.seed(1)
     _train(ref, ref_opt, ref_sched, 6)
-
     model, opt, sched = _setup(0)
     torch.manual_seed(1)
     random.seed(1)
     _train(model, opt, sched, 3)
+    return (ref, ref_opt, ref_sched), (model, opt, sched)
+
+
+def test_resume_is_bit_identical(tmp_path):
+    (ref, ref_opt, ref_sched), (model, opt, sched) = _reference_and_half_run()
     ckpt = tmp_path / "ckpt"
     save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=3, fingerprint="fp", extra={"k": 1})
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(
@@ -186,14 +189,7 @@ def test_resume_is_bit_identical(tmp_path):
 
 def test_resume_without_rng_restore_would_differ(tmp_path):
     """Control for the test above: the RNG streams do matter, so a missing restore would be caught."""
-    ref, ref_opt, ref_sched = _setup(0)
-    torch.manual_seed(1)
-    random.seed(1)
-    _train(ref, ref_opt, ref_sched, 6)
-    model, opt, sched = _setup(0)
-    torch.manual_seed(1)
-    random.seed(1)
-    _train(model, opt, sched, 3)
+    (ref, _, _), (model, opt, sched) = _reference_and_half_run()
     torch.manual_seed(12345)
     _train(model, opt, sched, 3)
     assert not torch.equal(ref.fc1.weight, model.fc1.weight)

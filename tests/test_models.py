@@ -27,15 +27,6 @@ from dpnrepro.models import (
 MU = dict(num_classes=10, img_size=32)  # Mu/4 at 32 px: 64 tokens, 4 blocks of width 64
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models run much faster single-threaded (no thread contention on a busy CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

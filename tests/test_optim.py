@@ -1,7 +1,6 @@
 """big_vision semantics in PyTorch: weight decay, decay mask, schedule, sigmoid_xent, mixup."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

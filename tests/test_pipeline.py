@@ -8,7 +8,7 @@ import shutil
 import pytest
 import yaml
 
-from helpers import FMNIST, REPO, copy_project, git_init, run
+from helpers import FMNIST, copy_project, git_init, run
 
 pytestmark = [
     pytest.mark.slow,

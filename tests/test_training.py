@@ -35,10 +35,12 @@ def _weights(path):
 
 def test_uninterrupted_runs_are_bit_identical(project, tmp_path):
     run([sys.executable, *TRAIN], project)
+    first_bytes = (project / RUN / "model.safetensors").read_bytes()
     first = _weights(project / RUN / "model.safetensors")
     run(["rm", "-rf", RUN, CKPT], project)
     run([sys.executable, *TRAIN], project)
     second = _weights(project / RUN / "model.safetensors")
+    assert (project / RUN / "model.safetensors").read_bytes() == first_bytes, "weights file must be byte-stable (DVC hash)"
     assert first.keys() == second.keys()
     assert all((first[k] == second[k]).all() for k in first), "same seed, same data: weights must match on CPU"
 

@@ -54,7 +54,6 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, pr
                            "rerun `dvc repro prepare`")
     spec = model_spec(params, arch, stem, sweep)
     _, input_cfg = resolve_run(params, sweep, arch)
-    spec.build()  # fail fast on an unknown arch/stem/placement, before any data is read
     train_ds = load_split(PREPARED, "train")
     out = run_dir(sweep, arch, stem, seed)
     with atomic_dir(out) as tmp:
@@ -65,7 +64,9 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, pr
                                      ckpt_dir=checkpoint_dir(sweep, arch, stem, seed), live=live,
                                      progress=progress)
         seconds = time.perf_counter() - t0
-        save_weights(model, tmp / MODEL_FILE, metadata={"arch": spec.arch, "stem": stem, "seed": seed})
+        # No header metadata: safetensors writes it in hash order, which would make the bytes (and
+        # so the DVC hash) of identical weights differ between runs. The spec is in SPEC_FILE.
+        save_weights(model, tmp / MODEL_FILE)
         (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2, sort_keys=True) + "\n")
         write_json_atomic(tmp / SUMMARY_FILE, {
             "arch": spec.arch, "stem": stem, "seed": seed, "profile": params.profile,
