@@ -1,13 +1,19 @@
-"""DVC stage `evaluate`: score every run of a sweep on minival and val → metrics/<sweep>.json."""
+"""DVC stage `evaluate@<sweep>`: score every run of a sweep → metrics/<sweep>.json.
+
+``evaluate: top1`` sweeps are scored on minival and val (big_vision's classification evaluator);
+``evaluate: fewshot`` sweeps (the 21k / JFT-style pretraining) by fewshot_lsr on the `data` splits.
+"""
 
 import argparse
 from pathlib import Path
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config import get_sweep, load_params, sweep_config
+from dpnrepro.data.prepare import PREPARED
 from dpnrepro.evaluation.classification import evaluate_run
+from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
 from dpnrepro.io import write_json_atomic
-from dpnrepro.training.run import PREPARED, run_dir, run_name
+from dpnrepro.training.run import run_dir, run_name
 
 
 @stage
@@ -16,16 +22,24 @@ def main() -> None:
     ap.add_argument("--sweep", default="table1")
     args = ap.parse_args()
     params = load_params()
-    sweep = getattr(params, args.sweep)
+    sweep = get_sweep(params, args.sweep)
     runs = {}
     for arch in sweep.archs:
+        input_cfg = sweep_config(params, args.sweep, arch).input.model_dump()
         for stem in sweep.stems:
             for seed in sweep.seeds:
-                runs[run_name(arch, stem, seed)] = evaluate_run(
-                    run_dir(args.sweep, arch, stem, seed), PREPARED, params.input.model_dump(),
-                    batch_size=params.train.eval_batch_size, device=params.train.device)
+                path = run_dir(args.sweep, arch, stem, seed)
+                kw = dict(batch_size=params.train.eval_batch_size, device=params.train.device)
+                if sweep.evaluate == "fewshot":
+                    fs = sweep.fewshot
+                    runs[run_name(arch, stem, seed)] = evaluate_fewshot_run(
+                        path, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
+                        train_split=fs.train_split, test_split=fs.test_split, **kw)
+                else:
+                    runs[run_name(arch, stem, seed)] = evaluate_run(path, PREPARED, input_cfg, **kw)
     out = Path("metrics") / f"{args.sweep}.json"
-    write_json_atomic(out, {"profile": params.profile, "dataset": params.data.name, "runs": runs})
+    write_json_atomic(out, {"profile": params.profile, "dataset": params.data.name, "sweep": args.sweep,
+                            "evaluate": sweep.evaluate, "runs": runs})
     print(f"wrote {out} ({len(runs)} runs)")
 
 

@@ -2,6 +2,12 @@
 
 Writes ``runs/<sweep>/<arch>_<stem>_s<seed>/`` (weights, model spec, dvclive logs, run summary);
 the resumable training state lives in ``checkpoints/<sweep>/...`` (a persistent DVC output).
+
+One process: ``python stages/train.py --arch Mu-7 --stem dpn --seed 0``. Several (GPUs, nodes): the
+same arguments under torchrun, with ``train.devices`` = the total number of processes, e.g.
+``torchrun --nproc_per_node=8 stages/train.py --arch B-16 --stem dpn --seed 0`` or, on each of M nodes,
+``torchrun --nnodes=M --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB
+stages/train.py ...`` (see src/dpnrepro/training/distributed.py). Rank 0 writes the outputs.
 """
 
 import argparse

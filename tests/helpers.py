@@ -33,10 +33,23 @@ def tiny_params(**overrides) -> dict:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["data"].update(train_examples=256, val_examples=128, minival_examples=64)
     params["train"].update(batch_size=32, steps=12, warmup_steps=2, log_every=2, ckpt_every=4, eval_batch_size=128)
-    params["table1"] = {"archs": ["Mu-7"], "stems": ["conv", "dpn"], "seeds": [0]}
+    params["table1"] = {"archs": ["Mu-7"], "stems": ["conv", "dpn"], "seeds": [0], "recipe": {}}
+    shrink_sweeps(params)
     for dotted, value in overrides.items():
         section, key = dotted.split(".")
         params[section][key] = value
+    return params
+
+
+def shrink_sweeps(params: dict, steps: int = 4, keep: tuple[str, ...] = ("table1",)) -> dict:
+    """Every sweep but ``keep``: Mu/7, seed 0, ``steps`` steps (the pipeline's shape, in seconds)."""
+    for sweep, body in params.items():
+        if sweep not in keep and isinstance(body, dict) and "recipe" in body:
+            body.update(archs=["Mu-7"], seeds=[0])
+            train = body["recipe"].setdefault("train", {})
+            train.update(steps=steps, warmup_steps=1, ckpt_every=steps, log_every=2)
+    params["benchmark"] = {"archs": ["Ti-16"], "stems": ["conv", "dpn"], "timm_reference": True,
+                           "batch_size": 2, "warmup_steps": 0, "steps": 1}
     return params
 
 

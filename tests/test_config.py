@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from dpnrepro.config import Params, arch_name, load_params
+from dpnrepro.config import Params, arch_name, load_params, parse_params
 from dpnrepro.errors import ParamsError, UserError
 
 PARAMS = REPO / "params.yaml"
@@ -162,3 +162,32 @@ def test_stage_with_malformed_params_exits_2_and_writes_nothing(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and "params.yaml" in lines[0] and "line" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no data/, no temp dirs
+
+
+def test_sweep_recipes_merge_validate_and_check_init_from():
+    from dpnrepro.config import sweep_config
+
+    raw = _raw()
+    raw["deit"] = {"archs": ["Mu-7"], "stems": ["conv"], "seeds": [0],
+                   "recipe": {"train": {"optimizer": "adamw", "lr": 5e-4}, "input": {"cutmix": 1.0}}}
+    params = parse_params(raw)
+    c = sweep_config(params, "deit", "Mu-7")
+    assert (c.train.optimizer, c.train.lr, c.input.cutmix) == ("adamw", 5e-4, 1.0)
+    assert c.train.steps == params.train.steps and c.data == params.data  # the rest is inherited
+    bad = _raw()
+    bad["deit"] = {"archs": ["Mu-7"], "stems": ["conv"], "seeds": [0], "recipe": {"train": {"lrr": 1}}}
+    with pytest.raises(ParamsError, match="lrr"):
+        parse_params(bad)
+    bad["deit"]["recipe"] = {"train": {"lr": -1.0}}
+    with pytest.raises(ParamsError, match="greater than 0"):
+        parse_params(bad)
+    bad["deit"]["recipe"] = {"init_from": "imagenet99"}
+    with pytest.raises(ParamsError, match="not a sweep of this profile"):
+        parse_params(bad)
+    bad["deit"]["recipe"] = {"init_from": "table1"}
+    bad["deit"]["seeds"] = [99]
+    with pytest.raises(ParamsError, match="lacks"):
+        parse_params(bad)
+    bad["deit"] = {"archs": ["Mu-7"], "stems": ["conv"], "seeds": [0]}
+    with pytest.raises(ParamsError, match="recipe"):
+        parse_params(bad)

@@ -322,3 +322,16 @@ def test_load_split_missing(tmp_path):
         load_split(tmp_path, "train")
     with pytest.raises(DatasetError, match="manifest.json"):
         load_manifest(tmp_path)
+
+
+def test_repeated_augmentation_batches_hold_copies_with_distinct_seeds():
+    from dpnrepro.data.loader import StepBatchSampler
+
+    s = StepBatchSampler(50, 12, seed=0, start_step=0, total_steps=5, repeats=3)
+    batch = s.batch_for_step(1)
+    idx = [i for i, _ in batch]
+    assert len(batch) == 12 and len(set(idx)) == 4 and all(idx.count(i) == 3 for i in set(idx))
+    assert len({seed for _, seed in batch}) == 12  # every copy is augmented differently
+    assert s.steps_per_epoch == 50 // 4
+    odd = [i for i, _ in StepBatchSampler(50, 10, seed=0, start_step=0, total_steps=5, repeats=3).batch_for_step(0)]
+    assert len(odd) == 10 and len(set(odd)) == 4 and odd[:9] == [i for i in odd[:9:3] for _ in range(3)]

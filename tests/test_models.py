@@ -486,3 +486,22 @@ def test_img_size_must_be_divisible_by_patch():
         build_vit('Mu/7', img_size=32)
     with pytest.raises(ValueError, match='divisible'):
         build_vit('B/16', img_size=100)
+
+
+def test_sincos2d_posemb_is_big_visions_formula_and_fixed():
+    import numpy as np
+
+    from dpnrepro.models import posemb_sincos_2d
+
+    h, w, width = 3, 5, 16
+    # big_vision posemb_sincos_2d, written out in NumPy: [sin(x w), cos(x w), sin(y w), cos(y w)].
+    y, x = np.mgrid[:h, :w]
+    omega = 1.0 / 10_000.0 ** (np.arange(width // 4) / (width // 4 - 1))
+    xs, ys = np.outer(x.flatten(), omega), np.outer(y.flatten(), omega)
+    ref = np.concatenate([np.sin(xs), np.cos(xs), np.sin(ys), np.cos(ys)], axis=1)[None]
+    np.testing.assert_allclose(posemb_sincos_2d(h, w, width).numpy(), ref, atol=1e-6)
+    model = build_vit("Mu/7", stem="dpn", img_size=28, in_chans=1, num_classes=10, pool="gap", posemb="sincos2d")
+    assert not model.pos_embed.requires_grad
+    np.testing.assert_allclose(model.pos_embed.detach().numpy(), posemb_sincos_2d(4, 4, 64).numpy())
+    with pytest.raises(ValueError, match="posemb"):
+        build_vit("Mu/7", img_size=28, posemb="rope")

@@ -202,3 +202,28 @@ def test_adam_decay_translation_constant():
     g = opt.param_groups[0]
     assert g["weight_decay"] == pytest.approx(0.05)
     assert g["lr"] * g["weight_decay"] == pytest.approx(1e-4, rel=1e-12)
+
+
+def test_cutmix_pastes_a_box_and_mixes_targets_by_its_area():
+    images = torch.arange(4.0)[:, None, None, None].expand(4, 1, 16, 16).clone()  # image k is all k
+    targets = one_hot_targets(torch.tensor([0, 1, 2, 3]), 4)
+    mixed, t = mixup(images, targets, 0.0, seed=1, step=2, cutmix=1.0)
+    for k in range(4):
+        pasted = (mixed[k] == (k - 1) % 4).float().mean().item()  # the neighbour's pixels
+        assert 0.0 <= pasted < 1.0
+        assert torch.all((mixed[k] == k) | (mixed[k] == (k - 1) % 4))
+        torch.testing.assert_close(t[k, (k - 1) % 4], torch.tensor(pasted), atol=1e-6, rtol=0)
+        torch.testing.assert_close(t[k, k], torch.tensor(1 - pasted), atol=1e-6, rtol=0)
+    again, _ = mixup(images, targets, 0.0, seed=1, step=2, cutmix=1.0)
+    assert torch.equal(mixed, again)
+
+
+def test_mixup_cutmix_switch_uses_both_over_steps():
+    images = torch.randn(4, 1, 16, 16)
+    targets = one_hot_targets(torch.tensor([0, 1, 2, 3]), 4)
+    kinds = set()
+    for step in range(40):
+        mixed, _ = mixup(images, targets, 0.8, seed=0, step=step, cutmix=1.0, switch_prob=0.5)
+        box = (mixed == images) | (mixed == images.roll(1, 0))  # cutmix copies pixels verbatim
+        kinds.add("cutmix" if bool(box.all()) else "mixup")
+    assert kinds == {"cutmix", "mixup"}

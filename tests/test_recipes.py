@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from dpnrepro.config import load_params, resolve_run
+from dpnrepro.config import load_params, resolve_run, sweep_config
 from helpers import REPO
 
 SEEDS = REPO.parent / "shared" / "seeds"
@@ -92,3 +92,167 @@ def test_profiles_validate_and_smoke_is_active():
     assert active == yaml.safe_load((REPO / "profiles" / "smoke.yaml").read_text())
     for name in ("smoke", "mini", "full"):
         assert load_params(REPO / "profiles" / f"{name}.yaml").profile == name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Appendix D: the 384 fine-tune (Table 1 "AugReg + 384x384 finetune" and Table 2 right).
+
+
+@pytest.fixture(scope="module")
+def appendix_d() -> str:
+    papers = sorted(SEEDS.glob("000_*.txt"))
+    if not papers:
+        pytest.skip(f"paper text not found under {SEEDS}")
+    text = papers[0].read_text()
+    start = text.index("D ViT AugReg: High Res Finetuning")
+    end = text.index("config . evals .val", start)
+    return re.sub(r"\s+", "", text[start:end].replace("/quotesingle.ts1", "'"))
+
+
+FINETUNES = ("ft384", "jft_220k_ft224", "jft_220k_ft384", "jft_1100k_ft224", "jft_1100k_ft384")
+
+
+@pytest.mark.parametrize(
+    "printed, getter",
+    [
+        ("config.loss='sigmoid_xent'", lambda c: c.train.loss == "sigmoid_xent"),
+        ("config.total_steps=5000", lambda c: c.train.steps == 5000),
+        ("config.input.batch_size=512", lambda c: c.train.batch_size == 512),
+        ("config.optax_name='big_vision.momentum_hp'", lambda c: c.train.optimizer == "sgd_momentum"),
+        ("config.grad_clip_norm=1.0", lambda c: c.train.grad_clip == 1.0),
+        ("config.wd=None", lambda c: c.train.weight_decay == 0.0),
+        ("config.lr=0.03", lambda c: c.train.lr == 0.03),
+        ("warmup_steps=500", lambda c: c.train.warmup_steps == 500),
+        ("decay_type='cosine'", lambda c: c.train.schedule == "cosine"),
+        ("config.log_training_steps=10", lambda c: c.train.log_every == 10),
+        ("pool_type='tok'", lambda c: c.model.pool == "tok"),
+        ("rep_size=True", lambda c: c.model.rep_size is True),
+        ("split='train[:99%]'", lambda c: c.data.minival_fraction == 0.01),
+        ("flip_lr", lambda c: c.input.flip and c.input.inception_crop and not c.input.randaug and c.input.mixup == 0),
+    ],
+)
+def test_finetune_recipes_match_appendix_d(appendix_d, full, printed, getter):
+    assert printed in appendix_d, f"{printed!r} not in appendix D: the test's transcription is wrong"
+    for sweep in FINETUNES:
+        for arch in getattr(full, sweep).archs:
+            assert getter(sweep_config(full, sweep, arch)), f"{sweep}/{arch} disagrees with appendix D's {printed!r}"
+
+
+def test_finetune_resolutions_match_appendix_d(appendix_d, full):
+    assert "decode_jpeg_and_inception_crop(384)" in appendix_d
+    assert "resize_small(418)|central_crop(384)" in appendix_d
+    assert "dont_load=['head/kernel','head/bias']" in appendix_d
+    for sweep in ("ft384", "jft_220k_ft384", "jft_1100k_ft384"):
+        c = sweep_config(full, sweep, getattr(full, sweep).archs[0])
+        assert (c.input.image_size, c.input.eval_resize) == (384, 418), sweep
+    for sweep in ("jft_220k_ft224", "jft_1100k_ft224"):  # the 224 fine-tune uses appendix C's eval crop
+        c = sweep_config(full, sweep, getattr(full, sweep).archs[0])
+        assert (c.input.image_size, c.input.eval_resize) == (224, 256), sweep
+    assert full.ft384.recipe.init_from == "table1"
+    assert {full.jft_220k_ft224.recipe.init_from, full.jft_220k_ft384.recipe.init_from} == {"jft_220k"}
+    assert {full.jft_1100k_ft224.recipe.init_from, full.jft_1100k_ft384.recipe.init_from} == {"jft_1100k"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sec. 5.1: which models, how long, and how ImageNet-21k / JFT runs are evaluated.
+
+
+@pytest.fixture(scope="module")
+def section_5_1() -> str:
+    text = sorted(SEEDS.glob("000_*.txt"))[0].read_text()
+    start = text.index("5.1 Setup")
+    return re.sub(r"\s+", " ", text[start:text.index("5.2 DPN versus", start)])
+
+
+def test_pretraining_regimes_match_section_5_1(section_5_1, full):
+    assert "two training regimes: 93K and 930K steps" in section_5_1
+    assert (full.i21k_93k.recipe.train["steps"], full.i21k_930k.recipe.train["steps"]) == (93_000, 930_000)
+    assert "(220K and 1.1M steps) with a batch size of 4096" in section_5_1
+    assert (full.jft_220k.recipe.train["steps"], full.jft_1100k.recipe.train["steps"]) == (220_000, 1_100_000)
+    assert "3 variants (B/32, B/16 and L/16)" in section_5_1
+    assert full.jft_220k.archs == full.jft_1100k.archs == ["B-32", "B-16", "L-16"]
+    assert "we do not use any additional data augmentation or mixup regularization" in section_5_1
+    for sweep in ("jft_220k", "jft_1100k"):
+        for arch in getattr(full, sweep).archs:
+            c = sweep_config(full, sweep, arch)
+            assert c.input.randaug == "" and c.input.mixup == 0.0 and c.train.batch_size == 4096
+    assert "we train each model once and report the mean 25 shot accuracy with 95%" in section_5_1
+    for sweep in ("i21k_93k", "i21k_930k", "jft_220k", "jft_1100k"):
+        sw = getattr(full, sweep)
+        assert sw.seeds == [0] and sw.evaluate == "fewshot", sweep
+        assert (sw.fewshot.shots, sw.fewshot.draws, sw.fewshot.l2_reg) == (25, 3, 2.0**10), sweep
+    assert "Ti/16, S/16, S/32, B/16 and B/32" in section_5_1
+    assert sorted(full.table1.archs) == sorted(["Ti-16", "S-16", "S-32", "B-16", "B-32"])
+    assert "base and small DeiT variants" in section_5_1
+    assert full.deit.archs == ["S-16", "B-16"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# DeiT (seed 004, Touvron's thesis, Table 3.9, DeiT-B column), applied to S/16 and B/16.
+
+
+@pytest.fixture(scope="module")
+def table_3_9() -> dict[str, str]:
+    theses = sorted(SEEDS.glob("004_*.txt"))
+    if not theses:
+        pytest.skip(f"thesis text not found under {SEEDS}")
+    text = theses[0].read_text()
+    start = text.index("Methods\tViT-B [61]\tDeiT-B")
+    end = text.index("Table 3.9", start)
+    rows = {}
+    for line in text[start:end].splitlines():
+        cells = line.split("\t")
+        if len(cells) == 3:
+            rows[cells[0]] = cells[2]  # the DeiT-B column
+    return rows
+
+
+def test_deit_recipe_matches_table_3_9(table_3_9, full):
+    t = table_3_9
+    assert t["Epochs"] == "300" and t["Batch size"] == "1024" and t["Optimizer"] == "AdamW"
+    assert t["learning rate"] == r"$0.0005 \times \frac{\text{batchsize}}{512}$"
+    assert (t["Learning rate decay"], t["Weight decay"], t["Warmup epochs"]) == ("cosine", "0.05", "5")
+    assert (t["Label smoothing ε"], t["Dropout"], t["Stoch. Depth"]) == ("0.1", r"\times", "0.1")
+    assert (t["Repeated Aug"], t["Gradient Clip."]) == (r"\checkmark", r"\times")
+    assert (t["Rand Augment"], t["Mixup alpha."], t["Cutmix alpha."], t["Erasing prob."]) == ("9/0.5", "0.8", "1.0", "0.25")
+    steps_per_epoch = 1_281_167 // 1024
+    for arch in full.deit.archs:
+        c = sweep_config(full, "deit", arch)
+        assert c.train.optimizer == "adamw" and c.train.schedule == "cosine"
+        assert c.train.batch_size == 1024
+        assert c.train.lr == pytest.approx(0.0005 * c.train.batch_size / 512)
+        assert c.train.weight_decay == 0.05
+        assert c.train.steps == 300 * steps_per_epoch and c.train.warmup_steps == 5 * steps_per_epoch
+        assert c.train.label_smoothing == 0.1 and c.train.grad_clip == 0.0
+        assert c.model.dropout == 0.0 and c.model.stoch_depth == 0.1
+        assert c.input.randaug == "rand-m9-mstd0.5-inc1"  # timm's spelling of magnitude 9, std 0.5
+        assert (c.input.mixup, c.input.cutmix, c.input.random_erasing) == (0.8, 1.0, 0.25)
+        assert c.input.repeated_aug == 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sweeps that are not in the seeds cite their source; these check what the paper does say.
+
+
+def test_splus_and_i21k_follow_the_shared_appendix_c_values(full):
+    # S/16+ (big_vision vit_s16_i1k.py) and the 21k config (vit_i21k.py) share appendix C's optimiser.
+    for sweep in ("splus", "i21k_93k", "i21k_930k"):
+        for arch in getattr(full, sweep).archs:
+            c = sweep_config(full, sweep, arch)
+            assert (c.train.optimizer, c.train.lr, c.train.weight_decay) == ("adam", 0.001, 0.0001), sweep
+            assert (c.train.warmup_steps, c.train.grad_clip, c.train.schedule) == (10_000, 1.0, "cosine"), sweep
+    c = sweep_config(full, "splus", "S-16")
+    assert (c.model.pool, c.model.posemb, c.train.loss, c.train.batch_size) == ("gap", "sincos2d", "softmax_xent", 1024)
+    assert c.train.steps == round(300 * round(1_281_167 * 0.99) / 1024)
+    assert full.data_i21k.num_classes == 21843
+
+
+def test_every_profile_defines_every_sweep_dvc_yaml_uses():
+    from dpnrepro.config import SWEEPS
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name in ("smoke", "mini", "full"):
+        params = load_params(REPO / "profiles" / f"{name}.yaml")
+        assert list(params.sweeps()) == list(SWEEPS), name
+    for sweep in SWEEPS:
+        assert f"train-{sweep}" in stages, sweep

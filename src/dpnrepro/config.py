@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -46,10 +46,16 @@ class InputParams(_Section):
     channels: Literal[1, 3] = 3
     eval_resize: int = Field(gt=0)
     inception_crop: bool = True
+    crop_min_area: float = Field(0.05, gt=0, le=1, description="inception crop's smallest area fraction (big_vision 0.05; DeiT 0.08)")
     flip: bool = True
     randaug: str = Field("", description="timm RandAugment spec, e.g. 'rand-m15-n2'; '' = off")
     mixup: float = Field(0.0, ge=0, description="mixup Beta(p, p) parameter; 0 = off")
+    cutmix: float = Field(0.0, ge=0, description="CutMix Beta(a, a) parameter (DeiT); 0 = off")
+    mix_switch_prob: float = Field(0.5, ge=0, le=1, description="with mixup and cutmix both on: P(cutmix) per batch")
+    random_erasing: float = Field(0.0, ge=0, le=1, description="random-erasing probability (DeiT); 0 = off")
+    repeated_aug: int = Field(1, ge=1, description="repeated augmentation: copies of each image per batch (DeiT: 3)")
     workers: int = Field(0, ge=0)
+    backend: Literal["pil", "fast"] = Field("pil", description="train-time augmentation pipeline (data/loader.py)")
 
     @model_validator(mode="after")
     def _crop_fits(self):
@@ -62,6 +68,7 @@ class ModelParams(_Section):
     """Architecture choices shared by every run (arch and stem come from the sweep)."""
 
     pool: Literal["tok", "gap"] = "tok"
+    posemb: Literal["learn", "sincos2d"] = "learn"
     rep_size: bool | int = True
     placement: str = "pre-pre"
 
@@ -96,14 +103,24 @@ class TrainParams(_Section):
     eval_batch_size: int = Field(256, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     deterministic: bool = True
-    devices: int = Field(1, gt=0, description="number of data-parallel processes the batch is split over")
+    devices: int = Field(1, gt=0, description=(
+        "expected number of training processes in all (torchrun's WORLD_SIZE = nodes x nproc_per_node); "
+        "checked when training starts. batch_size and steps stay the global batch and the optimizer steps"))
+    accum_steps: int = Field(1, gt=0, description=(
+        "gradient-accumulation micro-steps per optimizer step; each process computes "
+        "batch_size / (devices x accum_steps) examples per micro-step"))
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description=(
+        "with more than one process: ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard per "
+        "transformer block + root, for L/16 and up)"))
+    compile: bool = Field(False, description="torch.compile the model (checkpoints keep the plain state dict)")
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
-        if self.batch_size % self.devices:
-            raise ValueError(f"batch_size ({self.batch_size}) is not divisible by devices ({self.devices})")
+        if self.batch_size % (self.devices * self.accum_steps):
+            raise ValueError(f"batch_size ({self.batch_size}) is not divisible by devices x accum_steps "
+                             f"({self.devices} x {self.accum_steps} = {self.devices * self.accum_steps})")
         return self
 
 
@@ -118,19 +135,47 @@ class ArchOverride(_Section):
     mixup: float | None = Field(None, ge=0)
 
 
+class FewshotParams(_Section):
+    """big_vision's fewshot_lsr evaluator: closed-form ridge on pre-logits, shots per class × draws."""
+
+    shots: int = Field(25, gt=0)
+    draws: int = Field(3, gt=0, description="independent random draws of the shots (the paper's 3 seeds)")
+    l2_reg: float = Field(2.0**10, gt=0)
+    train_split: str = "train"
+    test_split: str = "val"
+
+
+class RecipeParams(_Section):
+    """How a sweep's runs are trained: the top-level ``input``/``model``/``train`` sections with these
+    deltas, then the per-arch ``overrides``. ``init_from`` names the sweep whose run with the same
+    arch/stem/seed initialises each run (fine-tuning: position embeddings resized, head re-initialised).
+    Kept apart from archs/stems/seeds so that DVC retrains a run only when its recipe changes.
+    """
+
+    dataset: Literal["data", "data_i21k", "data_jft"] = Field(
+        "data", description="the top-level dataset section to train on (few-shot evaluation always uses `data`)")
+    init_from: str | None = None
+    input: dict = Field(default_factory=dict, description="deltas to the top-level input section")
+    model: dict = Field(default_factory=dict, description="deltas to the top-level model section")
+    train: dict = Field(default_factory=dict, description="deltas to the top-level train section")
+    overrides: dict[str, ArchOverride] = Field(default_factory=dict, description="per-arch deltas")
+
+
 class SweepParams(_Section):
-    """The matrix a table is built from: arch × stem × seed (+ per-arch recipe overrides)."""
+    """One block of a table: arch × stem × seed, trained with one recipe, evaluated one way."""
 
     archs: list[str] = Field(min_length=1)
     stems: list[str] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
-    overrides: dict[str, ArchOverride] = Field(default_factory=dict)
+    recipe: RecipeParams
+    evaluate: Literal["top1", "fewshot"] = "top1"
+    fewshot: FewshotParams = Field(default_factory=FewshotParams)
 
     @model_validator(mode="after")
     def _overrides_name_archs(self):
-        unknown = sorted(set(self.overrides) - set(self.archs))
+        unknown = sorted(set(self.recipe.overrides) - set(self.archs))
         if unknown:
-            raise ValueError(f"overrides for archs not in the sweep: {unknown}")
+            raise ValueError(f"recipe.overrides for archs not in the sweep: {unknown}")
         return self
 
     @field_validator("archs")
@@ -155,13 +200,79 @@ class SweepParams(_Section):
         return stems
 
 
+class BenchmarkParams(_Section):
+    """Training-throughput benchmark (stages/benchmark.py): synthetic input, no data needed."""
+
+    archs: list[str] = Field(default_factory=lambda: ["Ti-16", "S-16", "B-16", "L-16"], min_length=1)
+    stems: list[str] = Field(default_factory=lambda: ["conv", "linear", "dpn"], min_length=1)
+    timm_reference: bool = True
+    batch_size: int = Field(8, gt=0)
+    warmup_steps: int = Field(2, ge=0)
+    steps: int = Field(5, gt=0)
+    compile: bool = False
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+# The sweeps behind the tables, in dvc.yaml order. table1 is Table 1's "ViT AugReg" block.
+SWEEPS = (
+    "table1", "splus", "deit", "ft384",                           # Table 1 left
+    "i21k_93k", "i21k_930k",                                      # Table 1 right (25-shot)
+    "jft_220k", "jft_1100k",                                      # Table 2 left (25-shot)
+    "jft_220k_ft224", "jft_220k_ft384", "jft_1100k_ft224", "jft_1100k_ft384",  # Table 2 right
+)
+
+
 class Params(_Section):
     profile: Literal["smoke", "mini", "full"]
     data: DataParams
+    data_i21k: DataParams | None = Field(None, description="ImageNet-21k: the pretraining data of Table 1 right")
+    data_jft: DataParams | None = Field(None, description="a large JFT-style dataset of your own: Table 2")
     input: InputParams
     model: ModelParams
     train: TrainParams
     table1: SweepParams
+    splus: SweepParams | None = None
+    deit: SweepParams | None = None
+    ft384: SweepParams | None = None
+    i21k_93k: SweepParams | None = None
+    i21k_930k: SweepParams | None = None
+    jft_220k: SweepParams | None = None
+    jft_1100k: SweepParams | None = None
+    jft_220k_ft224: SweepParams | None = None
+    jft_220k_ft384: SweepParams | None = None
+    jft_1100k_ft224: SweepParams | None = None
+    jft_1100k_ft384: SweepParams | None = None
+    benchmark: BenchmarkParams = Field(default_factory=BenchmarkParams)
+
+    @model_validator(mode="after")
+    def _sweeps_resolve(self):
+        for name in SWEEPS:
+            sw = getattr(self, name)
+            if sw is None:
+                continue
+            rc = sw.recipe
+            if getattr(self, rc.dataset) is None:
+                raise ValueError(f"{name}.recipe.dataset is {rc.dataset!r} but params.yaml has no {rc.dataset} section")
+            if rc.init_from is not None:
+                src = getattr(self, rc.init_from, None) if rc.init_from in SWEEPS else None
+                if src is None:
+                    raise ValueError(f"{name}.recipe.init_from: {rc.init_from!r} is not a sweep of this profile")
+                missing = sorted(set(sw.archs) - set(src.archs)) + sorted(set(sw.stems) - set(src.stems)) + \
+                    sorted(str(s) for s in set(sw.seeds) - set(src.seeds))
+                if missing:
+                    raise ValueError(f"{name} has runs its init_from sweep {rc.init_from} lacks: {missing}")
+            for arch in sw.archs:
+                try:
+                    sweep_config(self, name, arch)
+                except ValidationError as exc:
+                    raise ValueError(f"{name} (arch {arch}): " + "; ".join(
+                        f"{'.'.join(str(x) for x in e['loc'])}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
+                        for e in exc.errors())) from None
+        return self
+
+    def sweeps(self) -> dict[str, SweepParams]:
+        """The sweeps this profile defines, in dvc.yaml order."""
+        return {name: getattr(self, name) for name in SWEEPS if getattr(self, name) is not None}
 
 
 def _one_line(exc: ValidationError, path: Path) -> str:
@@ -200,14 +311,46 @@ def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     return parse_params(raw, path)
 
 
+class SweepConfig(NamedTuple):
+    """The resolved recipe of one arch of a sweep."""
+
+    data: DataParams
+    input: InputParams
+    model: ModelParams
+    train: TrainParams
+
+
+def _merge(section: _Section, delta: dict, cls: type[_Section]) -> _Section:
+    return cls.model_validate({**section.model_dump(), **delta}) if delta else section
+
+
+def get_sweep(params: Params, sweep: str) -> SweepParams:
+    sw = getattr(params, sweep, None) if sweep in SWEEPS else None
+    if sw is None:
+        defined = ", ".join(params.sweeps())
+        raise ParamsError(f"sweep {sweep!r} is not defined in params.yaml (defined: {defined})")
+    return sw
+
+
+def sweep_config(params: Params, sweep: str, arch: str) -> SweepConfig:
+    """Top-level sections + the sweep's deltas + the arch's overrides (validated)."""
+    rc = get_sweep(params, sweep).recipe
+    inp = _merge(params.input, rc.input, InputParams)
+    model = _merge(params.model, rc.model, ModelParams)
+    train = _merge(params.train, rc.train, TrainParams)
+    ov = rc.overrides.get(arch)
+    if ov is not None:
+        set_keys = {k: v for k, v in ov.model_dump().items() if v is not None}
+        model = _merge(model, {k: v for k, v in set_keys.items() if k in ModelParams.model_fields}, ModelParams)
+        inp = _merge(inp, {k: v for k, v in set_keys.items() if k in InputParams.model_fields}, InputParams)
+    data = getattr(params, rc.dataset)
+    return SweepConfig(data, inp, model, train)
+
+
 def resolve_run(params: Params, sweep: str, arch: str) -> tuple[ModelParams, InputParams]:
-    """The model and input sections of one arch of ``sweep``, with its overrides applied."""
-    ov = getattr(params, sweep).overrides.get(arch)
-    if ov is None:
-        return params.model, params.input
-    model_keys = {k: v for k, v in ov.model_dump().items() if v is not None and k in ModelParams.model_fields}
-    input_keys = {k: v for k, v in ov.model_dump().items() if v is not None and k in InputParams.model_fields}
-    return params.model.model_copy(update=model_keys), params.input.model_copy(update=input_keys)
+    """The model and input sections of one arch of ``sweep`` (see :func:`sweep_config`)."""
+    cfg = sweep_config(params, sweep, arch)
+    return cfg.model, cfg.input
 
 
 def arch_name(arch: str) -> str:

@@ -14,28 +14,48 @@ from dpnrepro.errors import DatasetError
 
 
 def build_transform(cfg: dict, train: bool):
-    """A torchvision transform mapping one PIL image to a float tensor in [-1, 1]."""
+    """A transform mapping one image to a float tensor (C, S, S) in [-1, 1].
+
+    ``input.backend: pil`` (default): torchvision v2 ops on a PIL image. ``fast`` (train only):
+    :class:`dpnrepro.data.fast.FastTrainTransform` — same samplers, same RNG draws, same ops, computed
+    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts).
+    RandAugment's op choice comes from Python's ``random`` in both (timm draws it from NumPy's global
+    RNG, which the per-example seeding does not cover).
+    """
     from torchvision.transforms import v2
 
+    from dpnrepro.data.fast import FastTrainTransform, randaugment
+
     size = cfg["image_size"]
+    erase = []
+    if train and cfg.get("random_erasing", 0) > 0:
+        # DeiT's random erasing (timm, per-pixel normal noise) on the normalised tensor; its draws come
+        # from Python's `random` and torch, both seeded per example.
+        from timm.data.random_erasing import RandomErasing
+
+        erase = [RandomErasing(probability=cfg["random_erasing"], mode="pixel", device="cpu")]
+    if train and cfg.get("backend", "pil") == "fast":
+        fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
+                                  flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
+                                  crop_min_area=cfg.get("crop_min_area", 0.05))
+        return v2.Compose([fast, *erase]) if erase else fast
     mode = {1: "L", 3: "RGB"}[cfg["channels"]]
     ops = [v2.Lambda(lambda im: im.convert(mode) if im.mode != mode else im)]
     if train:
         if cfg.get("inception_crop", True):
-            # big_vision's inception crop: area 5-100 %, aspect ratio 3/4-4/3.
-            ops.append(v2.RandomResizedCrop(size, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3), antialias=True))
+            # big_vision's inception crop: area 5-100 % (DeiT: 8-100 %), aspect ratio 3/4-4/3.
+            scale = (cfg.get("crop_min_area", 0.05), 1.0)
+            ops.append(v2.RandomResizedCrop(size, scale=scale, ratio=(3 / 4, 4 / 3), antialias=True))
         else:
             ops += [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
         if cfg.get("flip", True):
             ops.append(v2.RandomHorizontalFlip())
         if cfg.get("randaug"):
-            from timm.data.auto_augment import rand_augment_transform
-
-            ops.append(rand_augment_transform(cfg["randaug"], {"translate_const": int(size * 0.45), "img_mean": (128,) * cfg["channels"]}))
+            ops.append(randaugment(cfg["randaug"], size, cfg["channels"]))
     else:
         ops += [v2.Resize(cfg.get("eval_resize", size), antialias=True), v2.CenterCrop(size)]
     ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]
-    return v2.Compose(ops)
+    return v2.Compose(ops + erase)
 
 
 def load_split(prepared_dir: str | Path, split: str):
@@ -64,18 +84,22 @@ class StepBatchSampler(torch.utils.data.Sampler):
     (seeded by ``(seed, epoch)``), and every example carries its own augmentation seed
     ``(seed, s, j)``. Resuming at step ``s`` therefore sees exactly the batches and augmentations an
     uninterrupted run would, with any number of loader workers. With ``world_size > 1`` each rank
-    takes its contiguous slice of the global batch.
+    takes its contiguous slice of the global batch. With ``repeats`` r > 1 (DeiT's repeated
+    augmentation) a batch holds ceil(B/r) distinct images, each r times (the last possibly fewer), every
+    copy with its own augmentation seed.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
-                 rank: int = 0, world_size: int = 1):
-        if n < batch_size:
-            raise DatasetError(f"training split has {n} examples, fewer than one batch ({batch_size}); "
+                 rank: int = 0, world_size: int = 1, repeats: int = 1):
+        distinct = -(-batch_size // repeats)  # ceil: the last image may have fewer copies
+        if n < distinct:
+            raise DatasetError(f"training split has {n} examples, fewer than one batch ({distinct}); "
                                "lower train.batch_size or use more data")
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.start_step, self.total_steps = start_step, total_steps
         self.rank, self.world_size = rank, world_size
-        self.steps_per_epoch = n // batch_size
+        self.repeats, self.distinct = repeats, distinct
+        self.steps_per_epoch = n // distinct
 
     def __len__(self) -> int:
         return self.total_steps - self.start_step
@@ -83,7 +107,8 @@ class StepBatchSampler(torch.utils.data.Sampler):
     def batch_for_step(self, step: int) -> list[tuple[int, int]]:
         epoch, pos = divmod(step, self.steps_per_epoch)
         perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(_mix(self.seed, epoch)))
-        idx = perm[pos * self.batch_size : (pos + 1) * self.batch_size].tolist()
+        idx = [i for i in perm[pos * self.distinct : (pos + 1) * self.distinct].tolist()
+               for _ in range(self.repeats)][: self.batch_size]
         per_rank = self.batch_size // self.world_size
         lo = self.rank * per_rank
         return [(i, _mix(self.seed, step, j)) for j, i in enumerate(idx[lo : lo + per_rank], start=lo)]

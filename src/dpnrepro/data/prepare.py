@@ -20,6 +20,14 @@ from dpnrepro.errors import DatasetError
 from dpnrepro.io import atomic_dir, write_json_atomic
 
 SPLITS = ("train", "minival", "val")
+PREPARED = Path("data/prepared")
+UPSTREAM = Path("data/upstream")
+
+
+def prepared_dir(dataset: str = "data") -> Path:
+    """Where the params section ``dataset`` is prepared: ``data`` in data/prepared, the pretraining
+    datasets (``data_i21k``, ``data_jft``) in data/upstream/<section>."""
+    return PREPARED if dataset == "data" else UPSTREAM / dataset
 
 
 def _subsample(n_total: int, n_keep: int, seed: int) -> np.ndarray:

@@ -6,6 +6,7 @@ from .vision_transformer_dpn import (
     ARCHS,
     PLACEMENTS,
     POOLS,
+    POSEMBS,
     STEMS,
     Affine,
     ArchSpec,
@@ -16,11 +17,12 @@ from .vision_transformer_dpn import (
     conv_to_linear_weight,
     first_ln_scale_image,
     parse_arch,
+    posemb_sincos_2d,
     subln_init_gain,
 )
 
 __all__ = [
-    'ARCHS', 'PLACEMENTS', 'POOLS', 'STEMS', 'Affine', 'ArchSpec', 'Block', 'PatchEmbedStem',
+    'ARCHS', 'PLACEMENTS', 'POOLS', 'POSEMBS', 'STEMS', 'Affine', 'ArchSpec', 'Block', 'PatchEmbedStem',
     'VisionTransformerDPN', 'build_vit', 'conv_to_linear_weight', 'first_ln_scale_image', 'parse_arch',
-    'subln_init_gain',
+    'posemb_sincos_2d', 'subln_init_gain',
 ]

@@ -71,6 +71,7 @@ PLACEMENTS: tuple[str, ...] = tuple(
     f'{sa}-{mlp}' for sa in _SUBLAYER_NORMS for mlp in _SUBLAYER_NORMS) + ('normformer', 'subln')
 
 POOLS: tuple[str, ...] = ('tok', 'gap')
+POSEMBS: tuple[str, ...] = ('learn', 'sincos2d')
 
 # stem -> (norm on the patch pixels before the projection, norm on the tokens after it)
 _STEM_NORMS = {
@@ -259,6 +260,20 @@ def first_ln_scale_image(model: nn.Module) -> Tensor:
 # ---------------------------------------------------------------------------------------------------
 # Block
 
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> Tensor:
+    """big_vision's fixed 2-D sin-cos position embedding, shape (1, h*w, width), row-major grid.
+
+    Features are [sin(x ω), cos(x ω), sin(y ω), cos(y ω)] with ω_k = temperature^(-k / (width/4 - 1)).
+    """
+    if width % 4:
+        raise ValueError(f'sincos2d position embeddings need a width divisible by 4, got {width}')
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing='ij')
+    omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float64) / (width // 4 - 1))
+    x = x.flatten()[:, None] * omega[None]
+    y = y.flatten()[:, None] * omega[None]
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None].float()
+
+
 def subln_init_gain(depth: int) -> float:
     """Magneto's Sub-LN init gain for an encoder-only stack of ``depth`` layers: ``sqrt(log(2N))``.
 
@@ -406,6 +421,7 @@ class VisionTransformerDPN(VisionTransformer):
             head_bias_init: float = 0.0,
             drop_rate: float = 0.0,
             drop_path_rate: float = 0.0,
+            posemb: str = 'learn',
             qkv_bias: bool = True,
             device=None,
             dtype=None,
@@ -413,6 +429,7 @@ class VisionTransformerDPN(VisionTransformer):
         _check_choice('stem', stem, STEMS)
         _check_choice('placement', placement, PLACEMENTS)
         _check_choice('pool', pool, POOLS)
+        _check_choice('posemb', posemb, POSEMBS)
         if isinstance(rep_size, bool):
             rep = embed_dim if rep_size else 0
         elif isinstance(rep_size, int) and rep_size >= 0:
@@ -454,6 +471,9 @@ class VisionTransformerDPN(VisionTransformer):
         self.pool_type = pool
         self.rep_size = rep
         self.head_bias_init = float(head_bias_init)
+        self.posemb = posemb
+        if posemb == 'sincos2d':
+            self.pos_embed.requires_grad_(False)  # fixed, not trained (kept a parameter for state dicts)
 
         self.head_hidden_size = rep or embed_dim
         if rep:
@@ -502,7 +522,10 @@ class VisionTransformerDPN(VisionTransformer):
             elif isinstance(m, (nn.LayerNorm, nn.RMSNorm, Affine)):
                 m.reset_parameters()
         if self.pos_embed is not None:
-            nn.init.normal_(self.pos_embed, std=self.embed_dim ** -0.5)
+            if getattr(self, 'posemb', 'learn') == 'sincos2d':
+                self.pos_embed.copy_(posemb_sincos_2d(*self.patch_embed.grid_size, self.embed_dim))
+            else:
+                nn.init.normal_(self.pos_embed, std=self.embed_dim ** -0.5)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         self._init_head()
@@ -549,12 +572,14 @@ def build_vit(
         head_bias_init: float = 0.0,
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        posemb: str = 'learn',
 ) -> VisionTransformerDPN:
     """Build the ViT ``arch`` (``"<size>/<patch>"``, e.g. ``"B/16"``) with the given stem and placement.
 
     ``pool``: ``tok`` (class token) or ``gap`` (mean of the tokens, no class token). ``rep_size``:
     False/0 no pre-logits, True the width, int that size. ``drop_rate``: big_vision's ``dropout``
-    (embedding, attention output and MLP dropout, not head dropout as in timm). Unknown names and an
+    (embedding, attention output and MLP dropout, not head dropout as in timm). ``posemb``: ``learn``
+    or big_vision's fixed ``sincos2d`` (S/16+ recipe). Unknown names and an
     ``img_size`` not divisible by the patch size raise ValueError.
     """
     spec, patch = parse_arch(arch)
@@ -579,6 +604,7 @@ def build_vit(
         head_bias_init=head_bias_init,
         drop_rate=drop_rate,
         drop_path_rate=drop_path_rate,
+        posemb=posemb,
     )
     # data config for timm.data.resolve_data_config (big_vision's value_range(-1, 1) normalisation)
     model.pretrained_cfg = model.default_cfg = _cfg(num_classes=num_classes, input_size=(in_chans, img_size, img_size))

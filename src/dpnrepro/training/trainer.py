@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import random
+import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -14,8 +16,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dpnrepro.data.loader import StepBatchSampler, build_transform, train_loader
+from dpnrepro.data.loader import StepBatchSampler, _mix, build_transform, train_loader
 from dpnrepro.errors import UserError
+from dpnrepro.training import distributed
 from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
 from dpnrepro.training.losses import LOSSES, mixup, one_hot_targets
 from dpnrepro.training.optim import build_optimizer, build_scheduler
@@ -40,6 +43,7 @@ class ModelSpec:
     head_bias_init: float
     drop_rate: float
     drop_path_rate: float
+    posemb: str = "learn"
 
     def build(self) -> torch.nn.Module:
         from dpnrepro.models import build_vit
@@ -65,24 +69,48 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device is 'cuda' but no CUDA device is visible; set train.device: auto or cpu")
-    return torch.device(name)
+    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun)."""
+    return distributed.resolve_device(name, distributed.env_world()[2])
 
 
 def grad_norms_by_layer(model: torch.nn.Module) -> dict[str, float]:
-    """L2 norm of the gradient of the stem and of each transformer block (Figures 2 and 4)."""
+    """L2 norm of the gradient of the stem and of each transformer block (Figures 2 and 4).
+
+    The stem is ``patch_embed`` plus ``norm_pre`` (the LayerNorm of the ``post_posemb`` stem). Under
+    FSDP2 the gradients are sharded DTensors and this is a collective: call it on every rank.
+    """
     groups: dict[str, list[torch.Tensor]] = {"stem": []}
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        if name.startswith("patch_embed."):
+        if name.startswith(("patch_embed.", "norm_pre.")):
             groups["stem"].append(p.grad)
         elif name.startswith("blocks."):
             groups.setdefault(f"block_{int(name.split('.')[1]):02d}", []).append(p.grad)
-    return {k: float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in v]))) for k, v in groups.items() if v}
+    return {k: float(torch.linalg.vector_norm(torch.stack([distributed.local_tensor(g.float().norm()) for g in v])))
+            for k, v in groups.items() if v}
+
+
+class HaloBatchSampler(StepBatchSampler):
+    """This rank's slice of the global batch plus, in front, the example just before it (cyclically).
+
+    Mixup pairs example ``j`` of the global batch with example ``j - 1`` (big_vision rolls the batch by
+    one). With the neighbour loaded as a "halo", every micro-batch on every rank can be mixed exactly as
+    one process mixes the whole batch: the result does not depend on world size or accumulation.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
+                 rank: int = 0, world_size: int = 1, repeats: int = 1):
+        super().__init__(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
+                         rank=rank, world_size=world_size, repeats=repeats)
+        self._global = StepBatchSampler(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
+                                        repeats=repeats)
+
+    def batch_for_step(self, step: int) -> list[tuple[int, int]]:
+        full = self._global.batch_for_step(step)
+        per_rank = self.batch_size // self.world_size
+        lo = self.rank * per_rank
+        return [full[lo - 1]] + full[lo : lo + per_rank]
 
 
 def fingerprint(*parts) -> str:
@@ -91,83 +119,148 @@ def fingerprint(*parts) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+
+# Settings that change how the work is split or executed, not what is computed: a checkpoint resumes
+# across them (e.g. a run started on 8 GPUs can finish on 4, see README/Determinism for what is exact).
+RESUMABLE_ACROSS = {"log_every", "ckpt_every", "devices", "accum_steps", "parallel", "compile"}
+
+# Test hook: SIGKILL rank 0 right after the checkpoint of this step is complete (a crash mid-run).
+KILL_AT_STEP_ENV = "DPNREPRO_TEST_KILL_AT_STEP"
+
+
 def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: int, ckpt_dir: str | Path,
-                     live=None, progress: bool = True) -> torch.nn.Module:
+                     live=None, progress: bool = True, init=None) -> torch.nn.Module | None:
     """Train ``spec`` on ``train_ds`` for ``train_cfg.steps`` steps, resuming from ``ckpt_dir``.
 
     A checkpoint is written every ``ckpt_every`` steps and at the end; if ``ckpt_dir`` holds one with
     the same fingerprint (model, data, input, train config, seed), training continues from it and
-    ends with bit-identical weights on CPU.
+    ends with bit-identical weights on CPU. ``init`` (optional) is called with the freshly built model
+    before training (e.g. fine-tuning from a pretrained run); its ``repr`` joins the fingerprint.
+
+    Under ``torchrun`` each process trains on its slice of every global batch (``train.batch_size``),
+    split into ``train.accum_steps`` micro-batches; gradients are the mean over the global batch, so
+    the optimizer takes the recipe's ``train.steps`` steps whatever the world size. Only rank 0 logs
+    (``live``, progress bar) and writes checkpoints (full, unsharded tensors); every rank resumes from
+    them. Returns the trained model as a plain module with full weights (under FSDP2: None on ranks
+    other than 0).
     """
+    micro = distributed.check_layout(train_cfg, distributed.env_world()[1])
+    with distributed.session(train_cfg.device) as ctx:
+        return _train(spec, train_ds, input_cfg, train_cfg, seed=seed, ckpt_dir=ckpt_dir, live=live,
+                      progress=progress, init=init, ctx=ctx, micro=micro)
+
+
+def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progress, init, ctx, micro):
     seed_everything(seed, train_cfg.deterministic)
-    device = pick_device(train_cfg.device)
-    model = spec.build().to(device)
+    device = ctx.device
+    model = spec.build()
+    if init is not None:
+        model = init(model) or model
+    par = distributed.Parallel(model.to(device), ctx, train_cfg.parallel, train_cfg.compile)
+    model = par.core
     optimizer = build_optimizer(model, train_cfg)
     scheduler = build_scheduler(optimizer, train_cfg)
-    fp = fingerprint(asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(exclude={"log_every", "ckpt_every"}),
-                     seed, train_ds._fingerprint)
+    fp_parts = [asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(exclude=RESUMABLE_ACROSS), seed,
+                train_ds._fingerprint]
+    if init is not None:
+        fp_parts.append(repr(init))
+    fp = fingerprint(*fp_parts)
     start = 0
-    meta = read_checkpoint_meta(ckpt_dir)
+    meta = distributed.broadcast_object(ctx, read_checkpoint_meta(ckpt_dir) if ctx.is_main else None)
     if meta is not None and meta.get("fingerprint") == fp:
-        load_checkpoint(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler)
+        if not ctx.is_main and (read_checkpoint_meta(ckpt_dir) or {}).get("step") != meta["step"]:
+            raise distributed.missing_checkpoint(ckpt_dir, ctx)
+        model_obj, optim_obj = par.resume_objects(optimizer)
+        load_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler)
         start = meta["step"]
-        print(f"resuming from {ckpt_dir} at step {start}/{train_cfg.steps}")
-    elif meta is not None:
+        if ctx.is_main:
+            print(f"resuming from {ckpt_dir} at step {start}/{train_cfg.steps}")
+    elif meta is not None and ctx.is_main:
         print(f"ignoring checkpoint in {ckpt_dir}: it belongs to another configuration")
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    sampler = StepBatchSampler(len(train_ds), train_cfg.batch_size, seed=seed, start_step=start,
-                               total_steps=train_cfg.steps, rank=rank, world_size=world)
+    # With mixup / CutMix each rank also loads the example before its slice, so that mixing partners
+    # (and so the result) are those of one process with the whole batch (HaloBatchSampler).
+    halo = input_cfg.mixup > 0 or input_cfg.cutmix > 0
+    sampler = (HaloBatchSampler if halo else StepBatchSampler)(
+        len(train_ds), train_cfg.batch_size, seed=seed, start_step=start, total_steps=train_cfg.steps,
+        rank=ctx.rank, world_size=ctx.world_size, repeats=input_cfg.repeated_aug)
+    if input_cfg.backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
+        from dpnrepro.data.fast import undecoded
+
+        train_ds = undecoded(train_ds)
     loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True), sampler, input_cfg.workers)
     loss_fn = LOSSES[train_cfg.loss]
     use_bf16 = device.type == "cuda"
     params = [p for p in model.parameters() if p.requires_grad]
+    accum = train_cfg.accum_steps
+    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
 
     bar = tqdm(total=train_cfg.steps, initial=start, desc=f"train {spec.arch} {spec.stem} s{seed}",
-               unit="step", disable=not progress, dynamic_ncols=True)
+               unit="step", disable=not (progress and ctx.is_main), dynamic_ncols=True)
     step = start
     for images, labels in loader:
         model.train()
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        targets = one_hot_targets(labels, spec.num_classes, train_cfg.label_smoothing)
-        images, targets = mixup(images, targets, input_cfg.mixup, seed, step)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(images)
-        loss = loss_fn(logits.float(), targets)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum = None
+        for k in range(accum):
+            lo = k * micro
+            if halo:  # [example before the micro-batch] + micro-batch; mixup rolls by one, drop the halo
+                x = images[lo : lo + micro + 1]
+                t = one_hot_targets(labels[lo : lo + micro + 1], spec.num_classes, train_cfg.label_smoothing)
+                x, t = mixup(x, t, input_cfg.mixup, seed, step, cutmix=input_cfg.cutmix,
+                             switch_prob=input_cfg.mix_switch_prob)
+                x, t = x[1:], t[1:]
+            else:
+                x = images[lo : lo + micro]
+                t = one_hot_targets(labels[lo : lo + micro], spec.num_classes, train_cfg.label_smoothing)
+            # Dropout / stochastic-depth masks: a function of (seed, step, global micro-batch index), so
+            # resuming is exact on every rank, and layouts with the same micro-batch size agree.
+            torch.manual_seed(_mix(seed, step, ctx.rank * accum + k))
+            with contextlib.nullcontext() if k == accum - 1 else par.no_sync():
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    logits = par.forward(x)
+                loss = loss_fn(logits.float(), t)
+                (loss / accum if accum > 1 else loss).backward()  # mean over the global batch
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         log_now = (step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps
         layer_norms = grad_norms_by_layer(model) if log_now else None
         if train_cfg.grad_clip > 0:
             gnorm = torch.nn.utils.clip_grad_norm_(params, train_cfg.grad_clip)
-        else:
-            gnorm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        elif log_now:
+            gnorm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         step += 1
         ckpt_now = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps
-        if log_now or ckpt_now:
-            loss_value = loss.item()
+        if log_now or ckpt_now:  # the only host syncs of the loop
+            loss_value = distributed.mean_over_ranks(ctx, loss_sum / accum if accum > 1 else loss_sum).item()
             if not math.isfinite(loss_value):
                 raise TrainingDiverged(
                     f"loss is {loss_value} at step {step}; last good checkpoint kept in {ckpt_dir}. "
                     "Lower train.lr or enable train.grad_clip"
                 )
         if log_now:
-            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
-            if live is not None:
-                live.step = step
-                live.log_metric("train/loss", loss_value)
-                live.log_metric("train/lr", lr)
-                live.log_metric("train/grad_norm", float(gnorm))
-                for k, v in layer_norms.items():
-                    live.log_metric(f"grad_norm/{k}", v)
+            gnorm_value = float(distributed.local_tensor(gnorm))
+            if ctx.is_main:
+                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+                if live is not None:
+                    live.step = step
+                    live.log_metric("train/loss", loss_value)
+                    live.log_metric("train/lr", lr)
+                    live.log_metric("train/grad_norm", gnorm_value)
+                    for name, v in layer_norms.items():
+                        live.log_metric(f"grad_norm/{name}", v)
         if ckpt_now:
-            save_checkpoint(ckpt_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
-                            fingerprint=fp)
+            model_obj, optim_obj = par.checkpoint_objects(optimizer)  # a collective under FSDP2
+            if ctx.is_main:
+                save_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler, step=step,
+                                fingerprint=fp)
+            distributed.barrier(ctx)
+            if step == kill_at and ctx.is_main:
+                os.kill(os.getpid(), signal.SIGKILL)
         bar.update(1)
     bar.close()
-    return model
+    return par.full_model(spec)

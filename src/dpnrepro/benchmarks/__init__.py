@@ -1,0 +1,1 @@
+"""Benchmarks: training throughput / MFU (train_throughput, flops) and the input pipeline."""

@@ -1,0 +1,243 @@
+"""Tables 1 and 2: the paper's printed numbers next to ours, as Markdown, a PNG figure and a JSON summary.
+
+Each table is a list of blocks; a block of the paper (``reports/paper/table<N>.yaml``) is reproduced by
+one sweep of the pipeline (``metrics/<sweep>.json``). Everything is computed from those files alone,
+so the same inputs give byte-identical outputs on any machine.
+
+Statistics follow Sec. 5.1 of the paper: ImageNet-1k-style blocks (top-1) report the mean and 95 %
+t-interval over training seeds; the 21k / JFT-style blocks train once and report the mean and 95 %
+interval over the few-shot draws. DPN − base deltas are paired (same seed, or same draw of the shots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpnrepro.reports.paper import load_paper_table
+from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
+
+BASE_STEM = "conv"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a paper table and the sweep that reproduces it."""
+
+    part: str
+    block: str              # the block name in reports/paper/table<N>.yaml
+    sweep: str
+    arch_suffix: str = ""   # S/16+ is printed as its own arch in the "ViT AugReg" block
+    match: tuple = ()       # extra (key, value) a paper row must have (resolution, steps)
+
+    @property
+    def title(self) -> str:
+        extra = ", ".join(f"{k} {v}" for k, v in self.match)
+        return f"{self.block}{' + ' if self.arch_suffix else ''}{'S/16+' if self.arch_suffix else ''}" + \
+            (f" ({extra})" if extra else "")
+
+
+TABLES: dict[int, list[Block]] = {
+    1: [
+        Block("left", "ViT AugReg", "table1"),
+        Block("left", "ViT AugReg", "splus", arch_suffix="+"),
+        Block("left", "DeiT", "deit"),
+        Block("left", "AugReg + 384x384 finetune", "ft384"),
+        Block("right", "ImageNet-21k 93K steps", "i21k_93k"),
+        Block("right", "ImageNet-21k 930K steps", "i21k_930k"),
+    ],
+    2: [
+        Block("left", "JFT 220K steps", "jft_220k"),
+        Block("left", "JFT 1.1M steps", "jft_1100k"),
+        Block("right", "JFT -> ImageNet-1k finetune", "jft_220k_ft224", match=(("resolution", "224"), ("steps", "220K"))),
+        Block("right", "JFT -> ImageNet-1k finetune", "jft_220k_ft384", match=(("resolution", "384"), ("steps", "220K"))),
+        Block("right", "JFT -> ImageNet-1k finetune", "jft_1100k_ft224", match=(("resolution", "224"), ("steps", "1.1M"))),
+        Block("right", "JFT -> ImageNet-1k finetune", "jft_1100k_ft384", match=(("resolution", "384"), ("steps", "1.1M"))),
+    ],
+}
+
+
+def table_sweeps(table: int) -> list[str]:
+    return [b.sweep for b in TABLES[table]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ours
+
+
+def _samples(run: dict, evaluate: str) -> tuple[float, dict]:
+    """The run's headline accuracy and its samples keyed for pairing (per seed, or per few-shot draw)."""
+    if evaluate == "fewshot":
+        key = next(k for k in run if k.startswith("fewshot") and k.endswith("_top1_draws"))
+        draws = run[key]
+        return run[key[: -len("_draws")]], {(run["seed"], i): v for i, v in enumerate(draws)}
+    return run["val_top1"], {(run["seed"], 0): run["val_top1"]}
+
+
+def summarize_sweep(metrics: dict) -> dict:
+    """{arch: {stem: {mean, ci95, n, over}, 'delta_<stem>': {mean, ci95, vs, n}}} for one sweep."""
+    evaluate = metrics.get("evaluate", "top1")
+    by: dict[str, dict[str, dict]] = {}
+    for run in metrics["runs"].values():
+        _, samples = _samples(run, evaluate)
+        by.setdefault(run["arch"], {}).setdefault(run["stem"], {}).update(samples)
+    out = {}
+    for arch, stems in sorted(by.items()):
+        entry = {}
+        base = BASE_STEM if BASE_STEM in stems else sorted(stems)[0]
+        for stem, samples in sorted(stems.items()):
+            keys = sorted(samples)
+            mean, ci = mean_ci95([samples[k] for k in keys])
+            entry[stem] = {"mean": mean, "ci95": ci, "n": len(keys),
+                           "over": "few-shot draws" if evaluate == "fewshot" else "seeds",
+                           "seeds": sorted({k[0] for k in keys})}
+            if stem != base:
+                common = sorted(set(samples) & set(stems[base]))
+                d, dci = paired_delta_ci95([samples[k] for k in common], [stems[base][k] for k in common])
+                entry[f"delta_{stem}"] = {"mean": d, "ci95": dci, "vs": base, "n": len(common)}
+        out[arch] = entry
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Paper
+
+
+def paper_rows(table: int, block: Block) -> list[dict]:
+    """[{arch, base, dpn}] (printed strings) of one block of the paper, in printed order."""
+    rows: dict[str, dict] = {}
+    for r in load_paper_table(table)["rows"]:
+        if r["part"] != block.part or r["block"] != block.block:
+            continue
+        if any(str(r.get(k)) != v for k, v in block.match):
+            continue
+        rows.setdefault(r["arch"], {"arch": r["arch"]})[r["variant"]] = r
+    return list(rows.values())
+
+
+def _printed(r: dict) -> str:
+    return f"{r['value']} ± {r['ci95']}" if r.get("ci95") is not None else r["value"]
+
+
+def paper_delta(row: dict) -> float:
+    return float(row["dpn"]["value"]) - float(row["base"]["value"])
+
+
+def _our_arch(arch: str, block: Block) -> str:
+    return arch + block.arch_suffix
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, dict], context: dict) -> str:
+    paper = load_paper_table(table)
+    lines = [
+        f"# Table {table}: {paper['title']}",
+        "",
+        f"Generated by `dvc repro table{table}` from `metrics/<sweep>.json` and `reports/paper/table{table}.yaml`; "
+        "do not edit by hand.",
+        "",
+        f"## Paper ({paper['source']})",
+        "",
+        f"{paper['metric']}; ± {paper['ci']}. Δ is derived here as DPN − Base of the printed values.",
+        "",
+        "| Part | Block | Arch | Base | DPN | Δ |",
+        "|---|---|---|---|---|---|",
+    ]
+    seen = set()
+    for block in TABLES[table]:
+        for row in paper_rows(table, block):
+            key = (block.part, block.block, block.match, row["arch"])
+            if key in seen:
+                continue
+            seen.add(key)
+            name = block.block + "".join(f", {k} {v}" for k, v in block.match)
+            lines.append(f"| {block.part} | {name} | {row['arch']} | {_printed(row['base'])} | "
+                         f"{_printed(row['dpn'])} | {paper_delta(row):+.1f} |")
+    lines += [
+        "",
+        f"## Ours (profile `{context['profile']}`, measured by this pipeline)",
+        "",
+        f"- Data: {context['dataset']}. Top-1 blocks: accuracy (%) on the `val` split ({context['val_examples']} "
+        "images), mean ± 95 % CI (Student t) over training seeds. Few-shot blocks (trained once, as the paper "
+        "does): fewshot_lsr accuracy (%) on `val`, mean ± 95 % CI over the few-shot draws.",
+        "- Δ = stem − conv, paired by seed (top-1) or by draw (few-shot).",
+        f"- Hardware: {context['hardware']}.",
+        "",
+    ]
+    for block in TABLES[table]:
+        summary = summaries.get(block.sweep)
+        lines.append(f"### {block.block}{' (S/16+ recipe)' if block.arch_suffix else ''}"
+                     + "".join(f", {k} {v}" for k, v in block.match) + f" — sweep `{block.sweep}`")
+        lines.append("")
+        if summary is None:
+            lines += ["Not run in this profile.", ""]
+            continue
+        m = metrics[block.sweep]
+        lines.append(f"Recipe: {context['recipes'][block.sweep]}. Evaluated by {m.get('evaluate', 'top1')}.")
+        lines.append("")
+        stems = sorted({s for e in summary.values() for s in e if not s.startswith("delta_")},
+                       key=lambda s: (s != BASE_STEM, s))
+        others = [s for s in stems if s != BASE_STEM]
+        seeds = sorted({seed for e in summary.values() for s in stems if s in e for seed in e[s]["seeds"]})
+        over = next(e[s]["over"] for e in summary.values() for s in stems if s in e)
+        lines.append(f"Seeds: {', '.join(map(str, seeds))}; CI over {over}.")
+        lines.append("")
+        lines.append("| Arch | " + " | ".join(stems) + " | " + " | ".join(f"Δ {s}" for s in others)
+                     + " | Paper Δ (same arch) |")
+        lines.append("|---|" + "---|" * (len(stems) + len(others) + 1))
+        paper_by_arch = {r["arch"]: r for r in paper_rows(table, block)}
+        for arch, e in summary.items():
+            cells = [fmt_ci(e[s]["mean"], e[s]["ci95"], 2) if s in e else "—" for s in stems]
+            deltas = []
+            for s in others:
+                d = e.get(f"delta_{s}")
+                deltas.append("—" if d is None else f"{d['mean']:+.2f}" + (f" ± {d['ci95']:.3f}" if d["ci95"] is not None else ""))
+            label = _our_arch(arch, block)
+            paper_d = f"{paper_delta(paper_by_arch[label]):+.1f}" if label in paper_by_arch else "— (not in paper)"
+            lines.append(f"| {label} | " + " | ".join(cells + deltas) + f" | {paper_d} |")
+        lines.append("")
+    lines += [f"![Table {table} figure](table{table}.png)", ""]
+    return "\n".join(lines)
+
+
+def render_figure(table: int, summaries: dict[str, dict], context: dict, path: str | Path) -> None:
+    """DPN − base per block and arch: the paper's printed Δ (left) and ours with its 95 % CI (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    labels, values = [], []
+    for block in TABLES[table]:
+        for row in paper_rows(table, block):
+            name = f"{block.block.split(' ')[0]}{''.join(' ' + v for _, v in block.match)} {row['arch']}"
+            if name not in labels:
+                labels.append(name)
+                values.append(paper_delta(row))
+    axes[0].barh(range(len(labels)), values, color=["#d62728" if v >= 0 else "#444444" for v in values])
+    axes[0].set_yticks(range(len(labels)), labels, fontsize=7)
+    axes[0].invert_yaxis()
+    axes[0].set_title(f"Paper, Table {table}: DPN − Base (points)")
+    ours_labels, ours_vals, ours_err = [], [], []
+    for block in TABLES[table]:
+        for arch, e in (summaries.get(block.sweep) or {}).items():
+            for key, d in e.items():
+                if key.startswith("delta_"):
+                    ours_labels.append(f"{block.sweep} {_our_arch(arch, block)} {key[6:]}")
+                    ours_vals.append(d["mean"])
+                    ours_err.append(d["ci95"] or 0.0)
+    axes[1].barh(range(len(ours_labels)), ours_vals, xerr=ours_err, capsize=3,
+                 color=["#d62728" if v >= 0 else "#444444" for v in ours_vals])
+    axes[1].set_yticks(range(len(ours_labels)), ours_labels, fontsize=7)
+    axes[1].invert_yaxis()
+    axes[1].set_title(f"Ours ({context['profile']}): stem − conv ± 95 % CI (points)")
+    for ax in axes:
+        ax.axvline(0, color="black", lw=0.8)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)

@@ -1,0 +1,291 @@
+"""Multi-process training (torchrun, gloo on CPU): same results as one process, exact resume, clear errors.
+
+Real 2-process runs through ``torchrun --standalone --nproc_per_node 2 stages/train.py``. Weights of
+differently split runs agree to float rounding, not bitwise: the gradient of a global batch is summed
+in another order. (The key bias of attention has a zero true gradient, so Adam turns its rounding noise
+into ~1e-6 updates; hence a tolerance on the whole weight vector, not per element.)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from helpers import FMNIST, REPO, copy_project, run, stage_env, tiny_params, write_params
+
+TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
+TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2"]
+RUN = "runs/table1/Mu-7_dpn_s0"
+CKPT = "checkpoints/table1/Mu-7_dpn_s0"
+KILL = "DPNREPRO_TEST_KILL_AT_STEP"
+TOL = 1e-5
+
+needs_fmnist = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist (make env)")
+
+
+def _params(**train) -> dict:
+    """tiny_params (12 steps, batch 32, checkpoint every 4) with one run in table1 and no other sweep."""
+    p = tiny_params(**{f"train.{k}": v for k, v in train.items()})
+    t1 = yaml.safe_load((REPO / "params.yaml").read_text())["table1"]
+    p["table1"] = {**t1, "archs": ["Mu-7"], "stems": ["dpn"], "seeds": [0]}
+    for key in [k for k, v in p.items() if k != "table1" and isinstance(v, dict) and {"archs", "seeds"} <= set(v)]:
+        del p[key]
+    return p
+
+
+def _vector(path: Path) -> torch.Tensor:
+    w = load_file(str(path / "model.safetensors"))
+    return torch.cat([w[k].flatten() for k in sorted(w)])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / a.norm())
+
+
+def _losses(path: Path) -> list[tuple[int, float]]:
+    lines = (path / "dvclive" / "plots" / "metrics" / "train" / "loss.tsv").read_text().split()[2:]
+    return [(int(s), float(v)) for s, v in zip(lines[::2], lines[1::2])]
+
+
+class Project:
+    """A prepared scratch project; reference runs are made once and kept beside it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._refs: dict[str, Path] = {}
+
+    def train(self, *, procs: int, env: dict | None = None, check: bool = True, **train):
+        write_params(self.root, _params(devices=procs, **train))
+        cmd = [*TORCHRUN, *TRAIN] if procs > 1 else [sys.executable, *TRAIN]
+        if env is None:
+            return run(cmd, self.root, check=check)
+        return subprocess.run(cmd, cwd=self.root, env={**stage_env(), **env}, capture_output=True, text=True)
+
+    def clean(self):
+        shutil.rmtree(self.root / RUN, ignore_errors=True)
+        shutil.rmtree(self.root / CKPT, ignore_errors=True)
+
+    def reference(self, name: str, **kw) -> Path:
+        if name not in self._refs:
+            self.clean()
+            self.train(**kw)
+            self._refs[name] = self.root.parent / f"ref_{name}"
+            shutil.copytree(self.root / RUN, self._refs[name])
+        return self._refs[name]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = copy_project(tmp_path_factory.mktemp("dist") / "proj")
+    write_params(root, _params())
+    run([sys.executable, "stages/prepare.py"], root)
+    return Project(root)
+
+
+# --- 2 processes × B/2 == 1 process × B ------------------------------------------------------------
+
+
+def _assert_same_run(one: Path, other: Path, what: str):
+    l1, l2 = _losses(one), _losses(other)
+    assert [s for s, _ in l1] == [s for s, _ in l2] == list(range(2, 13, 2))
+    for (s, a), (_, b) in zip(l1, l2):
+        assert abs(a - b) <= TOL * abs(a), f"step {s}: loss {a} (1 process) vs {b} ({what})"
+    assert _rel(_vector(one), _vector(other)) < TOL, what
+
+
+@needs_fmnist
+def test_two_processes_match_one_process(project):
+    one = project.reference("1proc", procs=1)
+    _assert_same_run(one, project.reference("2proc", procs=2), "2 processes x 16")
+    # rank 0 alone writes: one run directory, one set of logs, one checkpoint
+    assert sorted(p.name for p in (project.root / "runs" / "table1").iterdir()) == ["Mu-7_dpn_s0"]
+    assert json.loads((project.root / CKPT / "meta.json").read_text())["step"] == 12
+    # DDP with accumulation: 2 processes x 2 micro-batches of 8 (no_sync on the first)
+    project.clean()
+    project.train(procs=2, accum_steps=2)
+    _assert_same_run(one, project.root / RUN, "2 processes x 2 micro-batches x 8")
+
+
+# --- crash after a checkpoint, rerun: bit-identical to the uninterrupted 2-process run ----------------
+
+
+@needs_fmnist
+def test_killed_two_process_run_resumes_bit_identical(project):
+    reference = project.reference("2proc", procs=2)
+    project.clean()
+    killed = project.train(procs=2, env={KILL: "4"}, check=False)  # SIGKILL rank 0 after the step-4 checkpoint
+    assert killed.returncode != 0
+    assert json.loads((project.root / CKPT / "meta.json").read_text())["step"] == 4
+    assert not (project.root / RUN).exists(), "a killed run must not leave a run directory behind"
+    out = project.train(procs=2)
+    assert f"resuming from {CKPT} at step 4/12" in out.stdout
+    assert out.stdout.count("resuming from") == 1, "only rank 0 prints"
+    assert (project.root / RUN / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+
+
+@needs_fmnist
+def test_fsdp_two_processes_resume_and_match_one_process(project):
+    """FSDP2 (fully_shard per block + root) on gloo/CPU: full-state checkpoints written by rank 0,
+    loaded (and re-sharded) by both ranks after a crash; the result equals one process."""
+    one = project.reference("1proc", procs=1)
+    project.clean()
+    killed = project.train(procs=2, parallel="fsdp", accum_steps=2, env={KILL: "8"}, check=False)
+    assert killed.returncode != 0
+    ckpt = load_file(str(project.root / CKPT / "model.safetensors"))
+    assert ckpt["blocks.0.attn.qkv.weight"].shape == (192, 64), "checkpoint must hold full, unsharded tensors"
+    out = project.train(procs=2, parallel="fsdp", accum_steps=2)
+    assert f"resuming from {CKPT} at step 8/12" in out.stdout
+    assert _rel(_vector(one), _vector(project.root / RUN)) < TOL
+    ref, resumed = dict(_losses(one)), dict(_losses(project.root / RUN))  # the rerun logs steps 10, 12
+    assert sorted(resumed) == [10, 12]
+    assert all(abs(ref[s] - v) <= TOL * abs(ref[s]) for s, v in resumed.items()), (ref, resumed)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+@needs_fmnist
+def test_batch_not_divisible_is_one_line(project):
+    project.clean()
+    proc = project.train(procs=1, accum_steps=3, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "batch_size (32) is not divisible by devices x accum_steps (1 x 3 = 3)" in lines[0]
+
+
+@needs_fmnist
+def test_devices_disagreeing_with_world_size_is_an_error(project):
+    project.clean()
+    write_params(project.root, _params(devices=1))
+    proc = run([*TORCHRUN, *TRAIN], project.root, check=False)
+    assert proc.returncode != 0
+    assert "error: train.devices is 1 but this job has 2 process(es) (WORLD_SIZE)" in proc.stderr
+    assert not (project.root / RUN).exists()
+
+
+# --- in-process (one process): accumulation, world-size-independent mixup, runtime checks ------------
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    import datasets
+    import numpy as np
+
+    from dpnrepro.config import InputParams, TrainParams
+    from dpnrepro.training.trainer import ModelSpec
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    det, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict(
+        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
+    )
+    spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
+                     pool="tok", rep_size=True, head_bias_init=-2.2, drop_rate=0.0, drop_path_rate=0.0)
+    inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True)
+    cfg = TrainParams(lr=1e-3, batch_size=16, steps=4, warmup_steps=1, grad_clip=1.0, log_every=1,
+                      ckpt_every=100, device="cpu")
+    yield ds, spec, inp, cfg
+    torch.use_deterministic_algorithms(det, warn_only=warn)
+
+
+class _Live:
+    def __init__(self):
+        self.step, self.losses = 0, []
+
+    def log_metric(self, name, value):
+        if name == "train/loss":
+            self.losses.append(value)
+
+
+def _fit(tiny, tmp_path, name, **over):
+    from dpnrepro.training.trainer import train_classifier
+
+    ds, spec, inp, cfg = tiny
+    inp = inp.model_copy(update={k: v for k, v in over.items() if k == "mixup"})
+    cfg = cfg.model_copy(update={k: v for k, v in over.items() if k != "mixup"})
+    live = _Live()
+    model = train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / name, live=live, progress=False)
+    sd = model.state_dict()
+    return torch.cat([sd[k].flatten() for k in sorted(sd)]), live.losses
+
+
+@pytest.mark.parametrize("mixup", [0.0, 0.5])
+def test_accumulation_matches_one_batch(tiny, tmp_path, mixup):
+    """accum_steps=4 (micro-batches of 4) == one batch of 16, with mixup too: its partner of example j
+    is example j-1 of the global batch whatever the split (HaloBatchSampler)."""
+    w1, l1 = _fit(tiny, tmp_path, "a", mixup=mixup)
+    w4, l4 = _fit(tiny, tmp_path, "b", mixup=mixup, accum_steps=4)
+    assert len(l1) == len(l4) == 4
+    assert all(abs(a - b) <= TOL * abs(a) for a, b in zip(l1, l4)), (l1, l4)
+    assert _rel(w1, w4) < TOL
+
+
+def test_halo_sampler_reassembles_the_global_batch():
+    from dpnrepro.data.loader import StepBatchSampler
+    from dpnrepro.training.trainer import HaloBatchSampler
+
+    kw = dict(seed=3, start_step=0, total_steps=5)
+    for step in range(5):
+        full = StepBatchSampler(50, 12, **kw).batch_for_step(step)
+        parts = [HaloBatchSampler(50, 12, rank=r, world_size=3, **kw).batch_for_step(step) for r in range(3)]
+        assert sum((p[1:] for p in parts), []) == full, "ranks' slices (without halo) are the global batch"
+        assert [p[0] for p in parts] == [full[-1], full[3], full[7]], "halo = the example before the slice"
+        assert parts[1][1:] == StepBatchSampler(50, 12, rank=1, world_size=3, **kw).batch_for_step(step)
+
+
+def test_runtime_checks_are_user_errors(tiny, tmp_path, monkeypatch):
+    from dpnrepro.errors import UserError
+    from dpnrepro.training.trainer import train_classifier
+
+    ds, spec, inp, cfg = tiny
+    bad = cfg.model_copy(update={"accum_steps": 3})  # model_copy skips the params.yaml validation
+    with pytest.raises(UserError, match=r"batch_size \(16\) is not divisible by world_size x accum_steps "
+                                        r"\(1 x 3 = 3\)"):
+        train_classifier(spec, ds, inp, bad, seed=0, ckpt_dir=tmp_path / "c", progress=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(UserError, match=r"train.devices is 1 but this job has 4 process\(es\)"):
+        train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "c", progress=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_grad_norms_count_norm_pre_in_the_stem():
+    from dpnrepro.models import build_vit
+    from dpnrepro.training.trainer import grad_norms_by_layer
+
+    torch.manual_seed(0)
+    model = build_vit("Mu/7", stem="post_posemb", num_classes=10, img_size=28, in_chans=1)
+    model(torch.randn(2, 1, 28, 28)).sum().backward()
+    stem = [p.grad for n, p in model.named_parameters() if n.startswith(("patch_embed.", "norm_pre."))]
+    assert any(n.startswith("norm_pre.") for n, _ in model.named_parameters())
+    expected = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in stem])))
+    assert grad_norms_by_layer(model)["stem"] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tiny, tmp_path):
+    """train.compile: torch.compile'd forward, checkpoints and the returned model keep plain names."""
+    w1, l1 = _fit(tiny, tmp_path, "eager", steps=2)
+    w2, l2 = _fit(tiny, tmp_path, "compiled", steps=2, compile=True)
+    assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(l1, l2))
+    assert _rel(w1, w2) < 1e-4
+    assert not any("_orig_mod" in k for k in load_file(str(tmp_path / "compiled" / "model.safetensors")))
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_compiled_ddp_two_processes_match_one_process(project):
+    one = project.reference("1proc", procs=1)
+    project.clean()
+    project.train(procs=2, accum_steps=2, compile=True)
+    _assert_same_run(one, project.root / RUN, "compiled DDP, 2 processes x 2 micro-batches")
