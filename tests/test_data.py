@@ -335,3 +335,18 @@ def test_repeated_augmentation_batches_hold_copies_with_distinct_seeds():
     assert s.steps_per_epoch == 50 // 4
     odd = [i for i, _ in StepBatchSampler(50, 10, seed=0, start_step=0, total_steps=5, repeats=3).batch_for_step(0)]
     assert len(odd) == 10 and len(set(odd)) == 4 and odd[:9] == [i for i in odd[:9:3] for _ in range(3)]
+
+
+def test_hub_name_offline_is_one_clear_line(monkeypatch, tmp_path):
+    """A hub dataset name with HF_*_OFFLINE=1 and an empty cache: a DatasetError that says what to do."""
+    from dpnrepro.data.sources import load_source
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    with pytest.raises(DatasetError) as err:
+        load_source("hub", "some-org/some-dataset-that-is-not-cached", {"train": "train", "val": "test"})
+    msg = str(err.value)
+    assert "\n" not in msg and "some-org/some-dataset-that-is-not-cached" in msg
+    assert "offline" in msg and "save_to_disk" in msg

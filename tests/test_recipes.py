@@ -13,15 +13,25 @@ from helpers import REPO
 SEEDS = REPO.parent / "shared" / "seeds"
 
 
+def seed_text(prefix: str) -> str:
+    found = sorted(SEEDS.glob(f"{prefix}_*.txt"))
+    if not found:
+        pytest.skip(f"seed {prefix} not found under {SEEDS}")
+    return found[0].read_text()
+
+
+def paper_config(start_marker: str, end_marker: str) -> str:
+    """An appendix config of the paper with spacing removed and quotes restored (the PDF extraction
+    spaces out tokens: "config .lr = 0.001")."""
+    text = seed_text("000")
+    start = text.index(start_marker)
+    end = text.index(end_marker, start)
+    return re.sub(r"\s+", "", text[start:end].replace("/quotesingle.ts1", "'"))
+
+
 @pytest.fixture(scope="module")
 def appendix_c() -> str:
-    papers = sorted(SEEDS.glob("000_*.txt"))
-    if not papers:
-        pytest.skip(f"paper text not found under {SEEDS}")
-    text = papers[0].read_text()
-    start, end = text.index("C ViT AugReg: Training Conﬁgurations"), text.index("D ViT AugReg: High Res Finetuning")
-    # The PDF extraction spaces out tokens ("config .lr = 0.001"); normalise spacing and quotes.
-    return re.sub(r"\s+", "", text[start:end].replace("/quotesingle.ts1", "'"))
+    return paper_config("C ViT AugReg: Training Conﬁgurations", "D ViT AugReg: High Res Finetuning")
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +110,7 @@ def test_profiles_validate_and_smoke_is_active():
 
 @pytest.fixture(scope="module")
 def appendix_d() -> str:
-    papers = sorted(SEEDS.glob("000_*.txt"))
-    if not papers:
-        pytest.skip(f"paper text not found under {SEEDS}")
-    text = papers[0].read_text()
-    start = text.index("D ViT AugReg: High Res Finetuning")
-    end = text.index("config . evals .val", start)
-    return re.sub(r"\s+", "", text[start:end].replace("/quotesingle.ts1", "'"))
+    return paper_config("D ViT AugReg: High Res Finetuning", "config . evals .val")
 
 
 FINETUNES = ("ft384", "jft_220k_ft224", "jft_220k_ft384", "jft_1100k_ft224", "jft_1100k_ft384")
@@ -159,7 +163,7 @@ def test_finetune_resolutions_match_appendix_d(appendix_d, full):
 
 @pytest.fixture(scope="module")
 def section_5_1() -> str:
-    text = sorted(SEEDS.glob("000_*.txt"))[0].read_text()
+    text = seed_text("000")
     start = text.index("5.1 Setup")
     return re.sub(r"\s+", " ", text[start:text.index("5.2 DPN versus", start)])
 
@@ -193,10 +197,7 @@ def test_pretraining_regimes_match_section_5_1(section_5_1, full):
 
 @pytest.fixture(scope="module")
 def table_3_9() -> dict[str, str]:
-    theses = sorted(SEEDS.glob("004_*.txt"))
-    if not theses:
-        pytest.skip(f"thesis text not found under {SEEDS}")
-    text = theses[0].read_text()
+    text = seed_text("004")
     start = text.index("Methods\tViT-B [61]\tDeiT-B")
     end = text.index("Table 3.9", start)
     rows = {}

@@ -82,3 +82,26 @@ def test_checkpoint_of_other_config_is_not_resumed(project):
         assert "resuming" not in out.stdout
     finally:
         write_params(project, tiny_params(**{"train.steps": 40, "train.ckpt_every": 8}))
+
+
+@pytest.mark.slow
+def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project):
+    """Issue 4, part 1, through DVC itself: the stage process is SIGKILLed right after its step-16
+    checkpoint inside `dvc repro`; the next `dvc repro` resumes (not from scratch) and the weights are
+    byte-identical to an uninterrupted run."""
+    stage = "train-table1@Mu-7-dpn-0"
+    run(["rm", "-rf", RUN, CKPT], project)
+    run([sys.executable, *TRAIN], project)
+    reference = (project / RUN / "model.safetensors").read_bytes()
+    run(["rm", "-rf", RUN, CKPT], project)
+
+    env = dict(stage_env(), DPNREPRO_TEST_KILL_AT_STEP="16")
+    killed = subprocess.run(["dvc", "repro", "--single-item", stage], cwd=project, env=env,
+                            capture_output=True, text=True)
+    assert killed.returncode != 0, killed.stdout
+    assert (project / CKPT / "meta.json").exists(), "the checkpoint must survive the failed stage (persist: true)"
+    assert not (project / RUN).exists(), "no half-written run directory"
+
+    resumed = run(["dvc", "repro", "--single-item", stage], project)
+    assert "resuming from" in resumed.stdout + resumed.stderr and "at step 16/40" in resumed.stdout + resumed.stderr
+    assert (project / RUN / "model.safetensors").read_bytes() == reference

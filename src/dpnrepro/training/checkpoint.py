@@ -34,6 +34,23 @@ def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None
     tmp.replace(path)
 
 
+def state_mismatch(own: dict, state: dict, skip=(), any_shape=()) -> str | None:
+    """What keeps ``state`` from loading into a model whose state dict is ``own`` (None if nothing):
+    missing or unexpected keys, or a shape difference. ``skip`` keys are ignored; ``any_shape`` keys may
+    differ in shape (e.g. position embeddings that get resampled)."""
+    missing = sorted(k for k in own if k not in state and k not in skip)
+    unexpected = sorted(k for k in state if k not in own and k not in skip)
+    wrong = sorted(k for k in set(own) & set(state)
+                   if k not in skip and k not in any_shape and own[k].shape != state[k].shape)
+    if missing:
+        return f"missing {missing[:3]}"
+    if unexpected:
+        return f"unexpected {unexpected[:3]}"
+    if wrong:
+        return f"shape of {wrong[0]} is {tuple(state[wrong[0]].shape)}, model has {tuple(own[wrong[0]].shape)}"
+    return None
+
+
 def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
     """Load safetensors weights, refusing a checkpoint of another architecture with a clear message."""
     path = Path(path)
@@ -42,15 +59,8 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
     if path.suffix != ".safetensors":
         raise CheckpointError(f"refusing to load {path}: only .safetensors checkpoints are accepted")
     state = load_file(str(path))
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
-    if missing or unexpected or wrong:
-        detail = (
-            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
-            else f"shape of {wrong[0]} is {tuple(state[wrong[0]].shape)}, model has {tuple(own[wrong[0]].shape)}"
-        )
+    detail = state_mismatch(model.state_dict(), state)
+    if detail:
         raise CheckpointError(
             f"checkpoint {path} does not match this architecture ({detail}); "
             "check the arch/stem/placement it was trained with"

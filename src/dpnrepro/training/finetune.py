@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from dpnrepro.errors import CheckpointError
+from dpnrepro.training.checkpoint import state_mismatch
 
 HEAD_KEYS = ("head.weight", "head.bias")
 POSEMB_KEY = "pos_embed"
@@ -82,15 +83,8 @@ def init_from_pretrained(model: torch.nn.Module, weights_path: str | Path, *,
     fixed_posemb = getattr(model, "posemb", "learn") == "sincos2d" and POSEMB_KEY in own
     if fixed_posemb:
         skip.add(POSEMB_KEY)
-    missing = sorted(k for k in own if k not in state and k not in skip)
-    unexpected = sorted(k for k in state if k not in own and k not in skip)
-    wrong = sorted(k for k in set(own) & set(state)
-                   if k not in skip and k != POSEMB_KEY and own[k].shape != state[k].shape)
-    if missing or unexpected or wrong:
-        detail = (
-            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
-            else f"shape of {wrong[0]} is {tuple(state[wrong[0]].shape)}, model has {tuple(own[wrong[0]].shape)}"
-        )
+    detail = state_mismatch(own, state, skip=skip, any_shape=(POSEMB_KEY,))
+    if detail:
         raise CheckpointError(
             f"pretrained weights {path} do not match the fine-tuning model ({detail}); "
             "fine-tuning needs the same arch/stem/placement/pool/rep_size (only img_size and the head may change)"
