@@ -248,29 +248,13 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def inception_crop_params(height: int, width: int, scale=INCEPTION_SCALE, ratio=INCEPTION_RATIO):
-    """(top, left, height, width): torchvision ``RandomResizedCrop.make_params`` verbatim — the same torch
-    RNG draws in the same order, so the same seed gives the same box as the PIL path (tested)."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            i = torch.randint(0, height - h + 1, size=(1,)).item()
-            j = torch.randint(0, width - w + 1, size=(1,)).item()
-            return i, j, h, w
-    in_ratio = float(width) / float(height)
-    if in_ratio < min(ratio):
-        w = width
-        h = int(round(w / min(ratio)))
-    elif in_ratio > max(ratio):
-        h = height
-        w = int(round(h * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+    """(top, left, height, width) from torchvision's own ``RandomResizedCrop`` sampler, given only the
+    image size (read from the JPEG header): the same torch RNG draws in the same order as the PIL path,
+    so the same seed gives the same box (tested)."""
+    from torchvision.transforms import RandomResizedCrop
+
+    shape_only = torch.empty(1, 1, 1).expand(1, height, width)  # no pixels: the sampler reads the size
+    return tuple(RandomResizedCrop.get_params(shape_only, list(scale), list(ratio)))
 
 
 def _encoded(image) -> tuple[bytes | None, str, object]:
