@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from dpnrepro.config import load_params, resolve_run, sweep_config
+from dpnrepro.config import load_params, sweep_config
 from helpers import REPO
 
 SEEDS = REPO.parent / "shared" / "seeds"
@@ -83,7 +83,8 @@ def test_per_arch_augmentation_matches_appendix_c(appendix_c, full):
         n, m = RANDAUG[setting]
         assert f"'{setting}':'randaug({n},{m})'" in appendix_c
         assert f"'{setting}':dict(p={MIXUP[setting]},fold_in=None)" in appendix_c
-        model, inp = resolve_run(full, "table1", arch)
+        c = sweep_config(full, "table1", arch)
+        model, inp = c.model, c.input
         assert inp.randaug.startswith(f"rand-n{n}-m{m}-"), (arch, inp.randaug)
         assert inp.mixup == MIXUP[setting], arch
         is_b = arch.startswith("B-")

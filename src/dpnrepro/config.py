@@ -246,15 +246,12 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _sweeps_resolve(self):
-        for name in SWEEPS:
-            sw = getattr(self, name)
-            if sw is None:
-                continue
+        for name, sw in self.sweeps().items():
             rc = sw.recipe
             if getattr(self, rc.dataset) is None:
                 raise ValueError(f"{name}.recipe.dataset is {rc.dataset!r} but params.yaml has no {rc.dataset} section")
             if rc.init_from is not None:
-                src = getattr(self, rc.init_from, None) if rc.init_from in SWEEPS else None
+                src = self.sweeps().get(rc.init_from)
                 if src is None:
                     raise ValueError(f"{name}.recipe.init_from: {rc.init_from!r} is not a sweep of this profile")
                 missing = sorted(set(sw.archs) - set(src.archs)) + sorted(set(sw.stems) - set(src.stems)) + \
@@ -265,9 +262,7 @@ class Params(_Section):
                 try:
                     sweep_config(self, name, arch)
                 except ValidationError as exc:
-                    raise ValueError(f"{name} (arch {arch}): " + "; ".join(
-                        f"{'.'.join(str(x) for x in e['loc'])}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
-                        for e in exc.errors())) from None
+                    raise ValueError(f"{name} (arch {arch}): {_describe(exc)}") from None
         return self
 
     def sweeps(self) -> dict[str, SweepParams]:
@@ -275,15 +270,18 @@ class Params(_Section):
         return {name: getattr(self, name) for name in SWEEPS if getattr(self, name) is not None}
 
 
-def _one_line(exc: ValidationError, path: Path) -> str:
+def _describe(exc: ValidationError) -> str:
+    """Every error of ``exc`` as ``key.path: message``, joined on one line."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         parts.append(f"{loc}: {msg}")
-    return f"invalid {path}: " + "; ".join(parts)
+    return "; ".join(parts)
+
+
+def _one_line(exc: ValidationError, path: Path) -> str:
+    return f"invalid {path}: {_describe(exc)}"
 
 
 def parse_params(raw: dict, path: Path | str = "params.yaml") -> Params:
@@ -325,7 +323,7 @@ def _merge(section: _Section, delta: dict, cls: type[_Section]) -> _Section:
 
 
 def get_sweep(params: Params, sweep: str) -> SweepParams:
-    sw = getattr(params, sweep, None) if sweep in SWEEPS else None
+    sw = params.sweeps().get(sweep)
     if sw is None:
         defined = ", ".join(params.sweeps())
         raise ParamsError(f"sweep {sweep!r} is not defined in params.yaml (defined: {defined})")
@@ -345,12 +343,6 @@ def sweep_config(params: Params, sweep: str, arch: str) -> SweepConfig:
         inp = _merge(inp, {k: v for k, v in set_keys.items() if k in InputParams.model_fields}, InputParams)
     data = getattr(params, rc.dataset)
     return SweepConfig(data, inp, model, train)
-
-
-def resolve_run(params: Params, sweep: str, arch: str) -> tuple[ModelParams, InputParams]:
-    """The model and input sections of one arch of ``sweep`` (see :func:`sweep_config`)."""
-    cfg = sweep_config(params, sweep, arch)
-    return cfg.model, cfg.input
 
 
 def arch_name(arch: str) -> str:

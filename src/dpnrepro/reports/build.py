@@ -32,10 +32,11 @@ def recipe_text(params: Params, sweep: str) -> str:
 def build_table(table: int, params: Params, metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
     metrics = {}
+    defined = params.sweeps()
     for sweep in table_sweeps(table):
-        path = metrics_dir / f"{sweep}.json"
-        if get_sweep_or_none(params, sweep) is None:
+        if sweep not in defined:
             continue
+        path = metrics_dir / f"{sweep}.json"
         if not path.exists():
             raise UserError(f"{path} is missing; run `dvc repro evaluate@{sweep}` first")
         metrics[sweep] = json.loads(path.read_text())
@@ -57,7 +58,3 @@ def build_table(table: int, params: Params, metrics_dir: str | Path = "metrics",
     tmp_png.replace(png)
     write_json_atomic(summary, summaries)
     return [md, png, summary]
-
-
-def get_sweep_or_none(params: Params, sweep: str):
-    return getattr(params, sweep, None)
