@@ -31,7 +31,9 @@ def copy_project(dst: Path) -> Path:
 def tiny_params(**overrides) -> dict:
     """The repo's params.yaml shrunk to seconds: few images, few steps, the smallest arch."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["data"].update(train_examples=256, val_examples=128, minival_examples=64)
+    for section in ("data", "data_i21k", "data_jft"):
+        if params.get(section):
+            params[section].update(train_examples=256, val_examples=128, minival_examples=64)
     params["train"].update(batch_size=32, steps=12, warmup_steps=2, log_every=2, ckpt_every=4, eval_batch_size=128)
     params["table1"] = {"archs": ["Mu-7"], "stems": ["conv", "dpn"], "seeds": [0], "recipe": {}}
     shrink_sweeps(params)

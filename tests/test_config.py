@@ -191,3 +191,24 @@ def test_sweep_recipes_merge_validate_and_check_init_from():
     bad["deit"] = {"archs": ["Mu-7"], "stems": ["conv"], "seeds": [0]}
     with pytest.raises(ParamsError, match="recipe"):
         parse_params(bad)
+
+
+def test_multi_label_data_is_validated():
+    raw = _raw()
+    assert raw["data_jft"]["multi_label"] and raw["jft_220k"]["recipe"]["dataset"] == "data_jft"
+    bad = _raw()
+    bad["data_jft"]["multi_label"] = False
+    with pytest.raises(ParamsError, match="label_parents needs multi_label"):
+        parse_params(bad)
+    bad = _raw()
+    bad["data_jft"]["label_parents"][0] = 3  # a parent must come after the source's classes
+    with pytest.raises(ParamsError, match=r"label_parents must be ids in \[10, 14\).*\[3\]"):
+        parse_params(bad)
+    bad = _raw()
+    bad["data"]["multi_label"] = True
+    with pytest.raises(ParamsError, match="`data` must be single-label"):
+        parse_params(bad)
+    bad = _raw()
+    bad["jft_220k"]["recipe"]["train"]["loss"] = "softmax_xent"
+    with pytest.raises(ParamsError, match="jft_220k trains on multi-label data_jft: it needs train.loss sigmoid_xent"):
+        parse_params(bad)

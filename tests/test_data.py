@@ -350,3 +350,67 @@ def test_hub_name_offline_is_one_clear_line(monkeypatch, tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and "some-org/some-dataset-that-is-not-cached" in msg
     assert "offline" in msg and "save_to_disk" in msg
+
+
+# --- multi-label (JFT-style) data ---------------------------------------------------------------------
+
+PARENTS = [10, 11, 10, 11, 10, 12, 10, 12, 13, 12]  # the smoke profile's Fashion-MNIST hierarchy
+
+
+def test_prepare_label_parents_gives_class_and_parent(idx_dataset, tmp_path):
+    out = tmp_path / "prepared"
+    m = prepare_dataset(data_cfg(idx_dataset, num_classes=14, multi_label=True, label_parents=PARENTS), out)
+    ds = load_split(out, "train")
+    assert "label" not in ds.column_names
+    ids = _ids(out, "train")
+    assert [list(x) for x in ds["labels"]] == [[i % 10, PARENTS[i % 10]] for i in ids]
+    assert m["multi_label"] is True
+    for stats in m["splits"].values():
+        counts = stats["class_counts"]
+        assert len(counts) == 14 and sum(counts) == 2 * stats["examples"]
+        assert sum(counts[10:]) == sum(counts[:10]) == stats["examples"]
+
+
+def test_multi_label_split_yields_multi_hot_targets(idx_dataset, tmp_path):
+    out = tmp_path / "prepared"
+    prepare_dataset(data_cfg(idx_dataset, num_classes=14, multi_label=True, label_parents=PARENTS), out)
+    ds = load_split(out, "train")
+    tf = build_transform({"image_size": 28, "channels": 1, "eval_resize": 28}, train=False)
+    x, y = TransformedSplit(ds, tf, num_classes=14)[0]
+    c = ds[0]["labels"][0]
+    assert y.shape == (14,) and y.sum() == 2 and y[c] == 1 and y[PARENTS[c]] == 1
+    with pytest.raises(ValueError, match="num_classes"):
+        TransformedSplit(ds, tf)
+
+
+def test_prepare_imagefolder_with_label_lists_in_metadata(tmp_path):
+    """A user's JFT-style data: images plus metadata.jsonl lines {"file_name", "labels": [ids]}."""
+    from PIL import Image
+
+    root = tmp_path / "jft"
+    rng = np.random.default_rng(0)
+    sets = {"train": [[0], [1, 3], [2], [0, 2, 4], [4], [1], [3, 0], [2, 1]], "test": [[0, 1], [4]]}
+    for split, label_sets in sets.items():
+        (root / split).mkdir(parents=True)
+        with open(root / split / "metadata.jsonl", "w") as f:
+            for i, ids in enumerate(label_sets):
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(root / split / f"{i}.png")
+                f.write(json.dumps({"file_name": f"{i}.png", "labels": ids}) + "\n")
+    out = tmp_path / "out"
+    m = prepare_dataset(data_cfg(root, format="imagefolder", num_classes=5, multi_label=True,
+                                 minival_fraction=0.25), out)
+    assert m["splits"]["val"]["class_counts"] == [1, 1, 0, 0, 1]
+    assert [list(x) for x in load_split(out, "train")["labels"]] == sets["train"][:6]
+    assert [list(x) for x in load_split(out, "minival")["labels"]] == sets["train"][6:]
+
+    bad = tmp_path / "out_bad"
+    with pytest.raises(DatasetError, match="label 4 outside \\[0, 4\\)"):
+        prepare_dataset(data_cfg(root, format="imagefolder", num_classes=4, multi_label=True,
+                                 minival_fraction=0.25), bad)
+    assert not bad.exists()
+
+
+def test_multi_label_without_label_sets_is_one_clear_error(idx_dataset, tmp_path):
+    with pytest.raises(DatasetError, match="no 'labels' column.*label_parents"):
+        prepare_dataset(data_cfg(idx_dataset, num_classes=14, multi_label=True), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

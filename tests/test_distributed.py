@@ -233,7 +233,7 @@ def test_accumulation_matches_one_batch(tiny, tmp_path, mixup):
 
 def test_halo_sampler_reassembles_the_global_batch():
     from dpnrepro.data.loader import StepBatchSampler
-    from dpnrepro.training.trainer import HaloBatchSampler
+    from dpnrepro.data.loader import HaloBatchSampler
 
     kw = dict(seed=3, start_step=0, total_steps=5)
     for step in range(5):

@@ -224,3 +224,54 @@ def test_benchmark_measure_runs(photo_jpeg):
            "ratio_per_round_median": 2.0, "ratio_fast_pixels_over_pil": 4.0}
     md = render_markdown(res)
     assert "fast / pil = 2.00x" in md and "| `pil` | 1.0 |" in md
+
+
+# --- the prepare-time uint8 pixel store ----------------------------------------------------------------
+
+
+def test_pixel_store_holds_the_decoded_train_images(idx_dataset, tmp_path):
+    from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
+
+    m = prepare_dataset(data_cfg(idx_dataset, pixel_store_side=64), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "train")
+    store = PixelStoreSplit(ds, tmp_path / "p" / STORE_DIR)
+    assert m["pixel_store"] == {"examples": len(ds), "bytes": len(ds) * 28 * 28, "max_shorter_side": 64}
+    assert len(store) == len(ds) and "label" in store.column_names
+    for i in (0, 7, len(ds) - 1):
+        ex = store[i]
+        assert np.array_equal(ex["image"], np.asarray(ds[i]["image"])[:, :, None])  # 28 px <= 64: kept as is
+        assert ex["label"] == ds[i]["label"]
+    # same (index, seed) -> the same tensor as the fast transform fed the PNG (identical pixels, same draws)
+    t = build_transform({**cfg(1, size=28), "randaug": RA}, train=True)
+    png = TransformedSplit(fast.undecoded(ds), t)
+    stored = TransformedSplit(store, t)
+    for key in ((0, 11), (5, 12), (9, 13)):
+        assert torch.equal(png[key][0], stored[key][0]) and png[key][1] == stored[key][1]
+
+
+def test_pixel_store_downscales_to_the_shorter_side_and_converts_channels(tmp_path):
+    from conftest import make_image_folder
+    from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
+
+    root = make_image_folder(tmp_path / "folder", classes=("a", "b"), per_class=4)
+    Image.fromarray(np.full((40, 20, 3), 200, np.uint8)).save(root / "train" / "a" / "tall.png")
+    prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.2, pixel_store_side=10),
+                    tmp_path / "p")
+    store = PixelStoreSplit(load_split(tmp_path / "p", "train"), tmp_path / "p" / STORE_DIR)
+    shapes = {tuple(store[i]["image"].shape) for i in range(len(store))}
+    assert shapes <= {(10, 10, 3), (20, 10, 3)} and (20, 10, 3) in shapes  # 12x12 -> 10x10, 40x20 -> 20x10
+    gray = fast.decode(store[0]["image"], "L", 8, crop=False)[0]  # an RGB store read by a 1-channel run
+    assert gray.shape == (10, 10, 1)
+    assert np.array_equal(gray[:, :, 0].numpy(), np.asarray(Image.fromarray(store[0]["image"]).convert("L")))
+
+
+def test_pixel_store_refuses_a_missing_or_stale_store(idx_dataset, tmp_path):
+    from dpnrepro.data.pixel_store import PixelStoreSplit, STORE_DIR
+
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "plain")
+    with pytest.raises(DatasetError, match="no pixel store.*pixel_store_side"):
+        PixelStoreSplit(load_split(tmp_path / "plain", "train"), tmp_path / "plain" / STORE_DIR)
+    prepare_dataset(data_cfg(idx_dataset, pixel_store_side=28), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "train")
+    with pytest.raises(DatasetError, match="holds .* images, the split"):
+        PixelStoreSplit(ds.select(range(3)), tmp_path / "p" / STORE_DIR)

@@ -8,7 +8,7 @@ import torch
 
 from dpnrepro.config import TrainParams
 from dpnrepro.models import build_vit
-from dpnrepro.training.losses import mixup, one_hot_targets, sigmoid_xent, softmax_xent
+from dpnrepro.training.losses import mixup, one_hot_targets, sigmoid_xent, softmax_xent, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler, decay_mask, schedule_multiplier
 
 LR, WD = 1e-3, 1e-4
@@ -172,6 +172,18 @@ def test_one_hot_label_smoothing():
     t = one_hot_targets(torch.tensor([1, 0]), 4, smoothing=0.2)
     torch.testing.assert_close(t.sum(1), torch.ones(2))
     torch.testing.assert_close(t[0], torch.tensor([0.05, 0.85, 0.05, 0.05]))
+
+
+def test_targets_of_class_ids_and_label_sets():
+    ids = torch.tensor([1, 0])
+    torch.testing.assert_close(targets_of(ids, 4, 0.2), one_hot_targets(ids, 4, 0.2))
+    multi_hot = torch.tensor([[0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(targets_of(multi_hot, 4), multi_hot)
+    # smoothing treats a label set as one-hot smoothing treats a class: (1 - s) t + s / K
+    torch.testing.assert_close(targets_of(multi_hot, 4, 0.2)[0], torch.tensor([0.05, 0.85, 0.05, 0.85]))
+    torch.testing.assert_close(targets_of(multi_hot[1:], 4, 0.2), one_hot_targets(ids[1:], 4, 0.2))
+    with pytest.raises(ValueError, match="3 classes, the model 4"):
+        targets_of(multi_hot[:, :3], 4)
 
 
 def test_mixup_deterministic_and_identity():

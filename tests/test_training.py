@@ -105,3 +105,32 @@ def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project):
     resumed = run(["dvc", "repro", "--single-item", stage], project)
     assert "resuming from" in resumed.stdout + resumed.stderr and "at step 16/40" in resumed.stdout + resumed.stderr
     assert (project / RUN / "model.safetensors").read_bytes() == reference
+
+
+def test_code_fingerprint_covers_exactly_the_train_stages_code_deps(tmp_path):
+    """A checkpoint written by other code is not resumed: the fingerprint hashes the sources the train
+    stages depend on in dvc.yaml, and nothing else."""
+    import shutil
+
+    import yaml
+
+    from dpnrepro.training.trainer import CODE_DEPS, code_fingerprint
+    from helpers import REPO
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, body in stages.items():
+        if name.startswith("train-"):
+            src = sorted(d.removeprefix("src/dpnrepro/") for d in body["deps"] if d.startswith("src/dpnrepro"))
+            assert src == sorted(CODE_DEPS), name
+
+    pkg = shutil.copytree(REPO / "src/dpnrepro", tmp_path / "dpnrepro",
+                          ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_fingerprint(pkg)
+    assert before == code_fingerprint(REPO / "src/dpnrepro")
+    (pkg / "reports/tables.py").write_text("# not a training dependency\n")
+    assert code_fingerprint(pkg) == before
+    for dep in ("models/vision_transformer_dpn.py", "data/fast.py", "training/losses.py"):
+        with open(pkg / dep, "a") as f:
+            f.write("\n# changed\n")
+        assert code_fingerprint(pkg) != before, dep
+        before = code_fingerprint(pkg)

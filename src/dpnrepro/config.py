@@ -35,8 +35,28 @@ class DataParams(_Section):
     minival_examples: int = Field(0, ge=0, description="0 = all")
     val_examples: int = Field(0, ge=0, description="0 = all")
     num_classes: int = Field(gt=1)
+    multi_label: bool = Field(False, description=(
+        "train on label sets (JFT-style, sigmoid loss): the source's `labels` column (lists of class ids), "
+        "or its `label` plus `label_parents`"))
+    label_parents: list[int] | None = Field(None, description=(
+        "a class hierarchy: the parent class id of each source class, added as a second label "
+        "(parents count in num_classes); needs multi_label"))
     skip_corrupt: bool = False
+    pixel_store_side: int = Field(0, ge=0, description=(
+        "0 = off; N > 0: prepare also decodes the train images once into a uint8 store, shorter side "
+        "at most N px, which `input.backend: fast` trains from (data/pixel_store.py)"))
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _labels_consistent(self):
+        if self.label_parents is not None:
+            if not self.multi_label:
+                raise ValueError("label_parents needs multi_label: true")
+            bad = [p for p in self.label_parents if not len(self.label_parents) <= p < self.num_classes]
+            if bad:
+                raise ValueError(f"label_parents must be ids in [{len(self.label_parents)}, {self.num_classes}) "
+                                 f"(after the {len(self.label_parents)} source classes), got {bad}")
+        return self
 
 
 class InputParams(_Section):
@@ -48,7 +68,9 @@ class InputParams(_Section):
     inception_crop: bool = True
     crop_min_area: float = Field(0.05, gt=0, le=1, description="inception crop's smallest area fraction (big_vision 0.05; DeiT 0.08)")
     flip: bool = True
-    randaug: str = Field("", description="timm RandAugment spec, e.g. 'rand-m15-n2'; '' = off")
+    randaug: str = Field("", description=(
+        "'rand-n2-m15-tbigvision' = big_vision randaug(2, 15) (AugReg); any other timm RandAugment spec "
+        "(e.g. DeiT's 'rand-m9-mstd0.5-inc1'); '' = off"))
     mixup: float = Field(0.0, ge=0, description="mixup Beta(p, p) parameter; 0 = off")
     cutmix: float = Field(0.0, ge=0, description="CutMix Beta(a, a) parameter (DeiT); 0 = off")
     mix_switch_prob: float = Field(0.5, ge=0, le=1, description="with mixup and cutmix both on: P(cutmix) per batch")
@@ -246,6 +268,9 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _sweeps_resolve(self):
+        if self.data.multi_label:
+            raise ValueError("data.multi_label: the evaluation dataset `data` must be single-label; "
+                             "put multi-label pretraining data in data_jft or data_i21k")
         for name, sw in self.sweeps().items():
             rc = sw.recipe
             if getattr(self, rc.dataset) is None:
@@ -263,6 +288,8 @@ class Params(_Section):
                     sweep_config(self, name, arch)
                 except ValidationError as exc:
                     raise ValueError(f"{name} (arch {arch}): {_describe(exc)}") from None
+            if getattr(self, rc.dataset).multi_label and sweep_config(self, name, sw.archs[0]).train.loss != "sigmoid_xent":
+                raise ValueError(f"{name} trains on multi-label {rc.dataset}: it needs train.loss sigmoid_xent")
         return self
 
     def sweeps(self) -> dict[str, SweepParams]:

@@ -77,11 +77,105 @@ class SeededRandAugment:
 
 
 def randaugment(spec: str, size: int, channels: int) -> SeededRandAugment:
-    """The configured timm RandAugment (same hparams as ever), with seeded op choice."""
-    from timm.data.auto_augment import rand_augment_transform
+    """The ``input.randaug`` transform, with seeded op choice (:class:`SeededRandAugment`). Two spellings:
 
-    hparams = {"translate_const": int(size * 0.45), "img_mean": (128,) * channels}
-    return SeededRandAugment(rand_augment_transform(spec, hparams))
+    **big_vision's** ``randaug(n, m)`` (AugReg, appendix C) is ``rand-n{n}-m{m}-tbigvision`` (only ``n`` and
+    ``m``). It rebuilds ``distort_image_with_randaugment`` (big_vision ``pp/archive/autoaugment.py``, commit
+    0127fb6) from timm ``AugmentOp`` objects: per layer one of big_vision's 16 ops, uniformly with
+    replacement, **always applied** (big_vision draws a probability but never passes it on; timm's default
+    is 0.5), at level ``m`` with **no cap** (timm clips at 10 without ``mmax``), random sign for Rotate /
+    Shear / Translate, fill 128, nearest-neighbour resampling (the tensorflow_addons default big_vision's
+    rotate / translate / transform use). Arguments at ``l = m / 10`` (effective values, after TF's uint8
+    arithmetic):
+
+    ===============================  =================================================================
+    AutoContrast, Equalize, Invert   no argument
+    Rotate / ShearX,Y                ±30 l degrees / ±0.3 l
+    TranslateX,Y                     ±100 l px (timm's absolute ``TranslateX``, not ``TranslateXRel``)
+    Cutout (not a timm op)           128-filled square ``[c - p, c + p)`` clipped to the image, centre
+                                     uniform, ``p = int(40 l)``
+    Posterize                        keep ``8 - min(7, (8 - int(4 l)) mod 256)`` bits: TF clamps the
+                                     uint8 shift to 7, so m 0 keeps 1 bit (PIL's 0 bits: black)
+    Solarize                         threshold ``int(256 l) mod 256``: the Python int is cast to uint8
+                                     (big_vision issue #110), so m 10 inverts every pixel and m 15 is a
+                                     solarize at 128 (timm: ``min(256, .)``, a no-op at m ≥ 10)
+    SolarizeAdd                      ``+int(110 l)`` below 128 (timm caps it at 128: 165 at m 15)
+    Color, Contrast, Brightness,     factor ``1.8 l + 0.1``; Contrast blends towards the constant grey
+    Sharpness                        ``min(255, H W / 256)`` (196 at 224 px: big_vision's "mean" is the
+                                     histogram's count / 256), not towards the image mean as PIL does
+    ===============================  =================================================================
+
+    Translate and Cutout constants are absolute pixels in big_vision (run at 224 px in AugReg); here they
+    scale with ``size / 224``. Posterize, Solarize, SolarizeAdd (level functions), Contrast and Cutout
+    (image functions) are timm ops with big_vision's function swapped in; :func:`apply_op` calls the same
+    attributes, so the fast path runs them unchanged. Left as is (tests/test_randaug_bigvision.py): pixel
+    rounding in Color (TF's grey is ``trunc(255.5 g)``, PIL's L rounds) and Sharpness (TF truncates the
+    smoothed image, PIL rounds), ≤ 2 grey levels at m ≤ 15, and AutoContrast (float64 vs float32 LUT),
+    ≤ 1; geometric ops sample PIL's pixel-centre grid, tfa's the integer grid (shears are offset by
+    0.15 l px, rotations and translations agree up to rounding ties); big_vision handles RGB only.
+
+    **Any other spec** is timm's own syntax (DeiT's ``rand-m9-mstd0.5-inc1``), with the hparams of timm's
+    ``create_transform`` (``translate_const = int(0.45 size)``, fill 128).
+    """
+    import re
+
+    from PIL import Image
+    from timm.data.auto_augment import AugmentOp, RandAugment, rand_augment_transform
+
+    sections = spec.split("-")
+    if "tbigvision" not in sections[1:]:
+        hparams = {"translate_const": int(size * 0.45), "img_mean": (128,) * channels}
+        return SeededRandAugment(rand_augment_transform(spec, hparams))
+
+    nm = {"n": 2, "m": 10}  # big_vision's get_randaug(num_layers=2, magnitude=10) defaults
+    for s in sections[1:]:
+        match = re.fullmatch(r"([nm])(\d+)", s)
+        if match is not None:
+            nm[match[1]] = int(match[2])
+        elif s != "tbigvision" or sections[0] != "rand":
+            raise ValueError(f"randaug {spec!r}: big_vision's randaug takes only n (layers) and m (magnitude), "
+                             "spelled rand-n<N>-m<M>-tbigvision")
+    scale = size / 224
+    hparams = {"translate_const": 100 * scale, "cutout_const": 40 * scale, "img_mean": (128,) * channels,
+               "interpolation": Image.Resampling.NEAREST, "magnitude_max": float("inf")}
+
+    def posterize_level(level, _hparams):
+        return (8 - min(7, (8 - int(level / 10 * 4)) % 256),)
+
+    def solarize_level(level, _hparams):
+        return (int(level / 10 * 256) % 256,)
+
+    def solarize_add_level(level, _hparams):
+        return (int(level / 10 * 110),)
+
+    def cutout_level(level, hparams):
+        return (int(level / 10 * hparams["cutout_const"]),)
+
+    def contrast(img, factor, **_):
+        grey = int(min(255.0, img.width * img.height / 256))
+        return Image.blend(Image.new(img.mode, img.size, (grey,) * len(img.getbands())), img, factor)
+
+    def cutout(img, pad, fillcolor=(128,), **_):
+        cy, cx = random.randrange(img.height), random.randrange(img.width)
+        if pad <= 0:
+            return img
+        img = img.copy()
+        box = (max(0, cx - pad), max(0, cy - pad), min(img.width, cx + pad), min(img.height, cy + pad))
+        img.paste(tuple(fillcolor)[: len(img.getbands())], box)
+        return img
+
+    swap = {"Posterize": ("level_fn", posterize_level), "Solarize": ("level_fn", solarize_level),
+            "SolarizeAdd": ("level_fn", solarize_add_level), "Contrast": ("aug_fn", contrast)}
+    ops = []
+    for name in ["AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "Color", "Contrast",
+                 "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX", "TranslateY", "Cutout", "SolarizeAdd"]:
+        op = AugmentOp("Invert" if name == "Cutout" else name, prob=1.0, magnitude=nm["m"], hparams=hparams)
+        if name == "Cutout":
+            op.name, op.aug_fn, op.level_fn = name, cutout, cutout_level
+        elif name in swap:
+            setattr(op, *swap[name])
+        ops.append(op)
+    return SeededRandAugment(RandAugment(ops, nm["n"]))
 
 
 def _resample(kwargs) -> int:
@@ -317,6 +411,17 @@ def _pil_pixels(im, mode: str, where: str, draft_box=None, size: int = 0) -> tup
     return torch.from_numpy(arr), scale
 
 
+def _convert_channels(pixels: torch.Tensor, channels: int) -> torch.Tensor:
+    """Grey <-> RGB as PIL's ``convert`` does it (a stored grey JPEG in an RGB run, or the reverse)."""
+    from PIL import Image
+
+    if pixels.shape[2] == 1 and channels == 3:
+        return pixels.expand(-1, -1, 3).contiguous()
+    if pixels.shape[2] == 3 and channels == 1:
+        return torch.from_numpy(np.asarray(Image.fromarray(pixels.numpy()).convert("L"))[:, :, None].copy())
+    return pixels
+
+
 def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE) -> tuple[torch.Tensor, tuple | None]:
     """Sample the inception crop from the header, then decode as little as needed.
 
@@ -327,8 +432,11 @@ def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE
     """
     channels = 1 if mode == "L" else 3
     if isinstance(image, (np.ndarray, torch.Tensor)):  # pre-decoded uint8 HxW(xC) pixels
-        pixels = torch.as_tensor(image)
+        arr = np.asarray(image)
+        pixels = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # memory-mapped stores are read-only
         pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+        if pixels.ndim == 3 and pixels.shape[2] != channels and pixels.dtype == torch.uint8:
+            pixels = _convert_channels(pixels, channels)
         if pixels.dtype != torch.uint8 or pixels.ndim != 3 or pixels.shape[2] != channels:
             raise DatasetError(f"pre-decoded image must be uint8 HxWx{channels}, got {tuple(pixels.shape)} "
                                f"{pixels.dtype}")
@@ -437,7 +545,8 @@ class FastTrainTransform:
 
 def undecoded(ds):
     """``ds`` with its ``image`` column left as encoded bytes (``datasets.Image(decode=False)``), so the fast
-    transform sees the JPEG and can decode at reduced scale; PIL images work too, just without that."""
+    transform sees the JPEG and can decode at reduced scale; PIL images work too, just without that.
+    Anything else (a :class:`~dpnrepro.data.pixel_store.PixelStoreSplit`) is returned as it is."""
     import datasets
 
-    return ds.cast_column("image", datasets.Image(decode=False))
+    return ds.cast_column("image", datasets.Image(decode=False)) if isinstance(ds, datasets.Dataset) else ds

@@ -118,12 +118,52 @@ class StepBatchSampler(torch.utils.data.Sampler):
             yield self.batch_for_step(step)
 
 
+class HaloBatchSampler(StepBatchSampler):
+    """This rank's slice of the global batch plus, in front, the example just before it (cyclically).
+
+    Mixup pairs example ``j`` of the global batch with example ``j - 1`` (big_vision rolls the batch by
+    one). With the neighbour loaded as a "halo", every micro-batch on every rank can be mixed exactly as
+    one process mixes the whole batch: the result does not depend on world size or accumulation.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
+                 rank: int = 0, world_size: int = 1, repeats: int = 1):
+        super().__init__(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
+                         rank=rank, world_size=world_size, repeats=repeats)
+        self._global = StepBatchSampler(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
+                                        repeats=repeats)
+
+    def batch_for_step(self, step: int) -> list[tuple[int, int]]:
+        full = self._global.batch_for_step(step)
+        per_rank = self.batch_size // self.world_size
+        lo = self.rank * per_rank
+        return [full[lo - 1]] + full[lo : lo + per_rank]
+
+
+def multi_hot(ids, num_classes: int) -> torch.Tensor:
+    """A (num_classes,) float vector with 1 at each class id of a multi-label example."""
+    out = torch.zeros(num_classes)
+    out[torch.as_tensor(list(ids), dtype=torch.long)] = 1.0
+    return out
+
+
 class TransformedSplit(torch.utils.data.Dataset):
     """Map-style view of a prepared split; with ``(index, seed)`` keys the transform's randomness
-    (torch and Python RNGs) is seeded per example and isolated from the global RNG state."""
+    (torch and Python RNGs) is seeded per example and isolated from the global RNG state.
 
-    def __init__(self, ds, transform):
+    Targets are the ``label`` id, or for multi-label splits (a ``labels`` column) a multi-hot vector of
+    ``num_classes``.
+    """
+
+    def __init__(self, ds, transform, num_classes: int | None = None):
         self.ds, self.transform = ds, transform
+        self.multi_label = "labels" in getattr(ds, "column_names", ())
+        if self.multi_label and num_classes is None:
+            raise ValueError("a multi-label split needs num_classes for its multi-hot targets")
+        self.num_classes = num_classes
+
+    def _target(self, ex):
+        return multi_hot(ex["labels"], self.num_classes) if self.multi_label else ex["label"]
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -143,13 +183,13 @@ class TransformedSplit(torch.utils.data.Dataset):
         else:
             ex = self.ds[int(key)]
             x = self.transform(ex["image"])
-        return x, ex["label"]
+        return x, self._target(ex)
 
 
-def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0):
-    """DataLoader over the step-indexed batches of ``sampler``."""
+def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0, num_classes: int | None = None):
+    """DataLoader over the step-indexed batches of ``sampler`` (``num_classes``: for multi-label splits)."""
     return torch.utils.data.DataLoader(
-        TransformedSplit(ds, transform),
+        TransformedSplit(ds, transform, num_classes),
         batch_sampler=sampler,
         num_workers=workers,
         pin_memory=torch.cuda.is_available(),

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpnrepro.data.pixel_store import STORE_DIR, write_split_store
 from dpnrepro.data.sources import load_source
 from dpnrepro.errors import DatasetError
 from dpnrepro.io import atomic_dir, write_json_atomic
@@ -53,26 +54,53 @@ def split_protocol(raw: dict, cfg: dict) -> dict:
     }
 
 
+def attach_label_sets(ds, cfg: dict):
+    """A multi-label split (``cfg['multi_label']``): ``labels`` lists from the source, or ``[label,
+    parent]`` from ``cfg['label_parents']`` (a class hierarchy, as JFT's). Single-label splits pass through."""
+    if not cfg.get("multi_label"):
+        if "label" not in ds.column_names:
+            raise DatasetError(f"dataset {cfg['source']!r} has no 'label' column (it has {ds.column_names}); "
+                               "for label lists set data.multi_label: true")
+        return ds
+    parents = cfg.get("label_parents")
+    if parents is not None:
+        labels = np.asarray(ds["label"], dtype=np.int64)
+        bad = np.flatnonzero((labels < 0) | (labels >= len(parents)))
+        if len(bad):
+            raise DatasetError(f"example {bad[0]} has label {labels[bad[0]]} but data.label_parents covers "
+                               f"{len(parents)} classes; fix data.label_parents")
+        sets = [[int(c), parents[c]] for c in labels]
+        return ds.remove_columns("label").add_column("labels", sets)
+    if "labels" not in ds.column_names:
+        raise DatasetError(f"data.multi_label: dataset {cfg['source']!r} has no 'labels' column of class-id "
+                           "lists (imagefolder: a metadata.jsonl with a \"labels\" field); or set data.label_parents")
+    return ds.remove_columns("label") if "label" in ds.column_names else ds
+
+
 def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
     """Decode every image and check every label; return the dataset (minus skipped images).
 
-    A corrupt image is an error naming the file, unless ``skip_corrupt`` (then it is counted and
-    dropped, and the count is returned in the manifest).
+    Labels are a ``label`` id or, for multi-label splits, a non-empty ``labels`` list of ids. A corrupt
+    image is an error naming the file, unless ``skip_corrupt`` (then it is counted and dropped, and the
+    count is returned in the manifest).
     """
     import datasets
     from PIL import Image
 
     raw = ds.cast_column("image", datasets.Image(decode=False))
-    labels = np.asarray(raw["label"], dtype=np.int64)
-    if len(labels) == 0:
+    multi = "labels" in raw.column_names
+    label_sets = [list(x) for x in raw["labels"]] if multi else [[x] for x in raw["label"]]
+    if len(label_sets) == 0:
         raise DatasetError(f"split {name!r} is empty; check data.source and the subsample sizes")
-    bad_label = np.flatnonzero((labels < 0) | (labels >= num_classes))
-    if len(bad_label):
-        i = int(bad_label[0])
-        raise DatasetError(
-            f"split {name!r} example {i} has label {labels[i]} outside [0, {num_classes}); "
-            "fix the labels or data.num_classes"
-        )
+    for i, ids in enumerate(label_sets):
+        if not ids:
+            raise DatasetError(f"split {name!r} example {i} has no labels; label it or drop it from the data")
+        bad = [c for c in ids if c is None or not 0 <= c < num_classes]
+        if bad:
+            raise DatasetError(
+                f"split {name!r} example {i} has label {bad[0]} outside [0, {num_classes}); "
+                "fix the labels or data.num_classes"
+            )
     keep, corrupt = [], []
     digest = hashlib.sha256()
     for i, item in enumerate(tqdm(raw["image"], desc=f"check {name}", unit="img", leave=False)):
@@ -91,11 +119,12 @@ def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
             continue
         keep.append(i)
         digest.update(hashlib.sha256(data).digest())
-        digest.update(int(labels[i]).to_bytes(4, "little"))
+        digest.update(np.asarray(label_sets[i], dtype="<i4").tobytes())
     if corrupt:
         print(f"warning: skipped {len(corrupt)} corrupt image(s) in split {name!r}, e.g. {corrupt[0]}")
         ds = ds.select(keep)
-    counts = np.bincount(labels[keep], minlength=num_classes)
+    counts = np.bincount(np.concatenate([np.asarray(label_sets[i], dtype=np.int64) for i in keep]),
+                         minlength=num_classes)
     return ds, {
         "examples": len(keep),
         "class_counts": counts.tolist(),
@@ -108,20 +137,26 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
     """Prepare the configured dataset into ``out_dir``; returns the manifest."""
     out_dir = Path(out_dir)
     raw = load_source(cfg["format"], cfg["source"], {"train": cfg["train_split"], "val": cfg["eval_split"]})
-    found = raw["train"].features["label"]
-    n_found = getattr(found, "num_classes", None)
-    if n_found is not None and n_found < cfg["num_classes"]:
+    found = raw["train"].features.get("label")
+    # Label-set sources are checked id by id (check_split); a `label` column counts only as their parents' base.
+    n_found = getattr(found, "num_classes", None) if not cfg.get("multi_label") or cfg.get("label_parents") else None
+    parents = cfg.get("label_parents")
+    n_expected, key = (len(parents), "label_parents lists") if parents is not None else (cfg["num_classes"], "num_classes is")
+    if n_found is not None and n_found < n_expected:
         raise DatasetError(
-            f"dataset {cfg['source']} has {n_found} classes but data.num_classes is "
-            f"{cfg['num_classes']}; fix data.num_classes"
+            f"dataset {cfg['source']} has {n_found} classes but data.{key} {n_expected}; fix data.{key.split()[0]}"
         )
-    splits = split_protocol(raw, cfg)
+    splits = {name: attach_label_sets(ds, cfg) for name, ds in split_protocol(raw, cfg).items()}
     manifest = {"dataset": cfg["name"], "source": str(cfg["source"]), "format": cfg["format"], "splits": {}}
+    if cfg.get("multi_label"):
+        manifest["multi_label"] = True
     with atomic_dir(out_dir) as tmp:
         for name in SPLITS:
             ds, stats = check_split(splits[name], name, cfg["num_classes"], cfg.get("skip_corrupt", False))
             ds.save_to_disk(str(tmp / name))
             manifest["splits"][name] = stats
+            if name == "train" and cfg.get("pixel_store_side", 0) > 0:
+                manifest["pixel_store"] = write_split_store(ds, tmp / STORE_DIR, cfg["pixel_store_side"])
         if found is not None and hasattr(found, "names"):
             manifest["class_names"] = list(found.names)
         write_json_atomic(tmp / "manifest.json", manifest)

@@ -1,4 +1,5 @@
-"""Raw dataset sources, all returned as Hugging Face ``datasets`` objects with ``image`` and ``label``.
+"""Raw dataset sources, all returned as Hugging Face ``datasets`` objects with ``image`` and ``label``
+(or, multi-label, ``labels``: a list of class ids per image, e.g. from an imagefolder's metadata.jsonl).
 
 Supported ``format`` values:
   * ``idx``         a directory with the (gzipped) MNIST idx files, e.g. Debian's
@@ -133,10 +134,10 @@ def load_source(fmt: str, source: str, splits: dict[str, str]) -> dict:
     out = {}
     for name, src_split in splits.items():
         split = ds[src_split]
-        if "image" not in split.column_names or "label" not in split.column_names:
+        if "image" not in split.column_names or not {"label", "labels"} & set(split.column_names):
             raise DatasetError(
-                f"dataset {source!r} split {src_split!r} needs 'image' and 'label' columns, "
-                f"has {split.column_names}"
+                f"dataset {source!r} split {src_split!r} needs an 'image' column and a 'label' (or, "
+                f"multi-label, 'labels') column, has {split.column_names}"
             )
         out[name] = split
     return out

@@ -28,6 +28,16 @@ def one_hot_targets(labels: torch.Tensor, num_classes: int, smoothing: float = 0
     )
 
 
+def targets_of(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
+    """Float targets of a batch: class ids (B,) one-hot, or multi-hot label sets (B, K) as they are;
+    smoothing mixes either with the uniform ``1/K`` in the same way."""
+    if labels.dim() == 1:
+        return one_hot_targets(labels, num_classes, smoothing)
+    if labels.shape[-1] != num_classes:
+        raise ValueError(f"multi-hot targets have {labels.shape[-1]} classes, the model {num_classes}")
+    return labels.float() * (1.0 - smoothing) + smoothing / num_classes
+
+
 def mixup(images: torch.Tensor, targets: torch.Tensor, alpha: float, seed: int, step: int, *,
           cutmix: float = 0.0, switch_prob: float = 0.5):
     """Mix each example with its neighbour (the batch rolled by one), one draw per batch.

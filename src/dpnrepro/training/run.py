@@ -9,10 +9,11 @@ from pathlib import Path
 
 from dpnrepro.config import Params, arch_name, get_sweep, sweep_config
 from dpnrepro.data.loader import load_split
+from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
 from dpnrepro.data.prepare import load_manifest, prepared_dir
 from dpnrepro.errors import DatasetError
 from dpnrepro.io import atomic_dir, write_json_atomic
-from dpnrepro.training import distributed
+from dpnrepro.training import determinism, distributed
 from dpnrepro.training.checkpoint import MODEL_FILE, save_weights
 from dpnrepro.training.trainer import ModelSpec, train_classifier
 
@@ -70,6 +71,9 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, pr
     Under ``torchrun`` every process trains; rank 0 alone writes the run directory (and logs), the
     others wait for it at a barrier.
     """
+    # Before the process group exists: strict determinism also makes torch pick deterministic NCCL
+    # reductions (no NVLS) when the group is created (training/determinism.py).
+    determinism.configure(sweep_config(params, sweep, arch).train.deterministic)
     with distributed.session(params.train.device) as ctx:
         out = _train_run(params, sweep=sweep, arch=arch, stem=stem, seed=seed, progress=progress, ctx=ctx)
         distributed.barrier(ctx)  # the other ranks exit once rank 0 has written the run directory
@@ -92,6 +96,8 @@ def _train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, p
     spec = model_spec(params, arch, stem, sweep)
     input_cfg, train_cfg = cfg.input, cfg.train
     train_ds = load_split(data_dir, "train")
+    if input_cfg.backend == "fast" and "pixel_store" in manifest:  # decoded at prepare time: no decode per step
+        train_ds = PixelStoreSplit(train_ds, data_dir / STORE_DIR)
     out = run_dir(sweep, arch, stem, seed)
     init = None
     if recipe.init_from is not None:

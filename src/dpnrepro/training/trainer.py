@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dpnrepro.data.loader import StepBatchSampler, _mix, build_transform, train_loader
+from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, build_transform, train_loader
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed
 from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
-from dpnrepro.training.losses import LOSSES, mixup, one_hot_targets
+from dpnrepro.training.losses import LOSSES, mixup, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler
 
 
@@ -58,14 +58,13 @@ class ModelSpec:
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
-    """Seed Python, NumPy and torch; request deterministic kernels (see README, Determinism)."""
+    """Seed Python, NumPy and torch; deterministic or fast kernels (training/determinism.py)."""
+    from dpnrepro.training import determinism
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
+    determinism.configure(deterministic)
 
 
 def pick_device(name: str) -> torch.device:
@@ -91,32 +90,27 @@ def grad_norms_by_layer(model: torch.nn.Module) -> dict[str, float]:
             for k, v in groups.items() if v}
 
 
-class HaloBatchSampler(StepBatchSampler):
-    """This rank's slice of the global batch plus, in front, the example just before it (cyclically).
-
-    Mixup pairs example ``j`` of the global batch with example ``j - 1`` (big_vision rolls the batch by
-    one). With the neighbour loaded as a "halo", every micro-batch on every rank can be mixed exactly as
-    one process mixes the whole batch: the result does not depend on world size or accumulation.
-    """
-
-    def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
-                 rank: int = 0, world_size: int = 1, repeats: int = 1):
-        super().__init__(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
-                         rank=rank, world_size=world_size, repeats=repeats)
-        self._global = StepBatchSampler(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
-                                        repeats=repeats)
-
-    def batch_for_step(self, step: int) -> list[tuple[int, int]]:
-        full = self._global.batch_for_step(step)
-        per_rank = self.batch_size // self.world_size
-        lo = self.rank * per_rank
-        return [full[lo - 1]] + full[lo : lo + per_rank]
-
-
 def fingerprint(*parts) -> str:
     """A short hash of everything that determines a run (a checkpoint resumes only a matching run)."""
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# The package sources that compute a run: the code deps of the train stages in dvc.yaml (a test keeps
+# the two in step). They join the run fingerprint, so after a code change `dvc repro` retrains instead
+# of "resuming" a finished checkpoint written by the old code.
+CODE_DEPS = ("config.py", "data/fast.py", "data/loader.py", "data/pixel_store.py", "models", "training")
+
+
+def code_fingerprint(root: Path | None = None) -> str:
+    """A hash of the ``CODE_DEPS`` sources (``.py`` files, by relative path) of the package at ``root``."""
+    root = root or Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for dep in CODE_DEPS:
+        files = [root / dep] if dep.endswith(".py") else sorted((root / dep).rglob("*.py"))
+        for path in files:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 
@@ -145,6 +139,9 @@ def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: i
     other than 0).
     """
     micro = distributed.check_layout(train_cfg, distributed.env_world()[1])
+    from dpnrepro.training import determinism
+
+    determinism.configure(train_cfg.deterministic)  # before the process group (NCCL algorithm choice)
     with distributed.session(train_cfg.device) as ctx:
         return _train(spec, train_ds, input_cfg, train_cfg, seed=seed, ckpt_dir=ckpt_dir, live=live,
                       progress=progress, init=init, ctx=ctx, micro=micro)
@@ -161,7 +158,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
     optimizer = build_optimizer(model, train_cfg)
     scheduler = build_scheduler(optimizer, train_cfg)
     fp_parts = [asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(exclude=RESUMABLE_ACROSS), seed,
-                train_ds._fingerprint]
+                train_ds._fingerprint, code_fingerprint()]
     if init is not None:
         fp_parts.append(repr(init))
     fp = fingerprint(*fp_parts)
@@ -188,7 +185,8 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
         from dpnrepro.data.fast import undecoded
 
         train_ds = undecoded(train_ds)
-    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True), sampler, input_cfg.workers)
+    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True), sampler, input_cfg.workers,
+                          num_classes=spec.num_classes)
     loss_fn = LOSSES[train_cfg.loss]
     use_bf16 = device.type == "cuda"
     params = [p for p in model.parameters() if p.requires_grad]
@@ -208,13 +206,13 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
             lo = k * micro
             if halo:  # [example before the micro-batch] + micro-batch; mixup rolls by one, drop the halo
                 x = images[lo : lo + micro + 1]
-                t = one_hot_targets(labels[lo : lo + micro + 1], spec.num_classes, train_cfg.label_smoothing)
+                t = targets_of(labels[lo : lo + micro + 1], spec.num_classes, train_cfg.label_smoothing)
                 x, t = mixup(x, t, input_cfg.mixup, seed, step, cutmix=input_cfg.cutmix,
                              switch_prob=input_cfg.mix_switch_prob)
                 x, t = x[1:], t[1:]
             else:
                 x = images[lo : lo + micro]
-                t = one_hot_targets(labels[lo : lo + micro], spec.num_classes, train_cfg.label_smoothing)
+                t = targets_of(labels[lo : lo + micro], spec.num_classes, train_cfg.label_smoothing)
             # Dropout / stochastic-depth masks: a function of (seed, step, global micro-batch index), so
             # resuming is exact on every rank, and layouts with the same micro-batch size agree.
             torch.manual_seed(_mix(seed, step, ctx.rank * accum + k))
