@@ -3,6 +3,8 @@
 #   make test    set up the same way and run the test suite (what CI runs via .ci/run)
 VENV ?= .venv
 BIN := $(VENV)/bin
+# dvc.yaml's stage commands call `python`: the project's interpreter, not whatever is first on PATH.
+export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export DVC_NO_ANALYTICS ?= 1

@@ -252,3 +252,13 @@ def test_api_errors_and_root_override(tmp_path, monkeypatch):
     assert paper_dir() == tmp_path.resolve() / "reports" / "paper"
     with pytest.raises(FileNotFoundError):
         load_paper_table(1)
+
+
+def test_recipe_text_names_the_pretraining_data_of_upstream_sweeps():
+    from dpnrepro.config import load_params
+    from dpnrepro.reports.build import recipe_text
+
+    params = load_params(REPO_ROOT / "params.yaml")
+    jft = recipe_text(params, "jft_220k")
+    assert jft.endswith("; trained on `data_jft`: fashion_mnist_hierarchy (multi-label, 14 classes)"), jft
+    assert "trained on" not in recipe_text(params, "table1")

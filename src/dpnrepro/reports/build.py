@@ -26,7 +26,12 @@ def recipe_text(params: Params, sweep: str) -> str:
            f"stoch. depth {m.stoch_depth:g}" if m.stoch_depth else "", f"dropout {m.dropout:g}" if m.dropout else ""]
     aug = [a for a in aug if a]
     init = f"; fine-tuned from `{sw.recipe.init_from}`" if sw.recipe.init_from else ""
-    return text + (f"; {', '.join(aug)}" if aug else "; no augmentation beyond crop/flip") + init
+    data = ""
+    if sw.recipe.dataset != "data":
+        d = c.data
+        data = (f"; trained on `{sw.recipe.dataset}`: {d.name} ({'multi-label, ' if d.multi_label else ''}"
+                f"{d.num_classes} classes)")
+    return text + (f"; {', '.join(aug)}" if aug else "; no augmentation beyond crop/flip") + init + data
 
 
 def build_table(table: int, params: Params, metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
