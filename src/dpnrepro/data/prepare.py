@@ -138,14 +138,16 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     raw = load_source(cfg["format"], cfg["source"], {"train": cfg["train_split"], "val": cfg["eval_split"]})
     found = raw["train"].features.get("label")
-    # Label-set sources are checked id by id (check_split); a `label` column counts only as their parents' base.
-    n_found = getattr(found, "num_classes", None) if not cfg.get("multi_label") or cfg.get("label_parents") else None
+    n_found = getattr(found, "num_classes", None)
     parents = cfg.get("label_parents")
-    n_expected, key = (len(parents), "label_parents lists") if parents is not None else (cfg["num_classes"], "num_classes is")
-    if n_found is not None and n_found < n_expected:
-        raise DatasetError(
-            f"dataset {cfg['source']} has {n_found} classes but data.{key} {n_expected}; fix data.{key.split()[0]}"
-        )
+    if parents is not None:  # the source's classes are the hierarchy's leaves
+        key, says = "label_parents", f"lists {len(parents)}"
+    elif not cfg.get("multi_label"):
+        key, says = "num_classes", f"is {cfg['num_classes']}"
+    else:  # label lists: checked id by id against num_classes (check_split)
+        n_found = None
+    if n_found is not None and n_found < (len(parents) if parents is not None else cfg["num_classes"]):
+        raise DatasetError(f"dataset {cfg['source']} has {n_found} classes but data.{key} {says}; fix data.{key}")
     splits = {name: attach_label_sets(ds, cfg) for name, ds in split_protocol(raw, cfg).items()}
     manifest = {"dataset": cfg["name"], "source": str(cfg["source"]), "format": cfg["format"], "splits": {}}
     if cfg.get("multi_label"):

@@ -139,16 +139,14 @@ def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: i
     other than 0).
     """
     micro = distributed.check_layout(train_cfg, distributed.env_world()[1])
-    from dpnrepro.training import determinism
-
-    determinism.configure(train_cfg.deterministic)  # before the process group (NCCL algorithm choice)
+    # Before the process group exists: its NCCL algorithm choice depends on the determinism switch.
+    seed_everything(seed, train_cfg.deterministic)
     with distributed.session(train_cfg.device) as ctx:
         return _train(spec, train_ds, input_cfg, train_cfg, seed=seed, ckpt_dir=ckpt_dir, live=live,
                       progress=progress, init=init, ctx=ctx, micro=micro)
 
 
 def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progress, init, ctx, micro):
-    seed_everything(seed, train_cfg.deterministic)
     device = ctx.device
     model = spec.build()
     if init is not None:
