@@ -1,10 +1,12 @@
 """DVC stage `benchmark`: training img/s, MFU and peak memory of Ti/S/B/L-16 × conv/linear/dpn stems next to
 timm's stock ViT, on synthetic input → metrics/benchmarks.json + reports/benchmarks.md.
 
-`dvc repro benchmark` uses the `benchmark` section of params.yaml. Stand-alone on a GPU machine
-(command-line flags override params; same outputs):
+`dvc repro benchmark` uses the `benchmark` section of params.yaml and writes the stage's outputs. With
+command-line overrides (e.g. on a GPU machine) the results go to other files, never to the DVC outputs,
+which must stay a function of the tracked params:
 
     python stages/benchmark.py --device cuda --batch-size 256 --steps 50 --warmup-steps 10 --compile
+    # -> metrics/benchmarks_cli.json, reports/benchmarks_cli.md (or --out-json / --out-md)
 """
 
 import argparse
@@ -15,6 +17,10 @@ from dpnrepro.cli import hardware_label, stage
 from dpnrepro.config import load_params
 from dpnrepro.errors import ParamsError
 from dpnrepro.io import write_json_atomic, write_text_atomic
+
+
+STAGE_OUTS = ("metrics/benchmarks.json", "reports/benchmarks.md")
+CLI_OUTS = ("metrics/benchmarks_cli.json", "reports/benchmarks_cli.md")
 
 
 def _list(text: str) -> list[str]:
@@ -34,11 +40,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the models")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--img-size", type=int, default=224)
-    ap.add_argument("--num-classes", type=int, default=1000)
+    ap.add_argument("--img-size", type=int)
+    ap.add_argument("--num-classes", type=int)
     ap.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: datasheet dense bf16 table)")
-    ap.add_argument("--out-json", default="metrics/benchmarks.json")
-    ap.add_argument("--out-md", default="reports/benchmarks.md")
+    ap.add_argument("--out-json", help=f"default: {STAGE_OUTS[0]}, or {CLI_OUTS[0]} with overrides")
+    ap.add_argument("--out-md", help=f"default: {STAGE_OUTS[1]}, or {CLI_OUTS[1]} with overrides")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args()
 
@@ -47,6 +53,15 @@ def main() -> None:
         "archs": args.archs, "stems": args.stems, "timm_reference": args.timm_reference,
         "batch_size": args.batch_size, "warmup_steps": args.warmup_steps, "steps": args.steps,
         "compile": args.compile, "device": args.device}.items() if v is not None}
+    overrides.update({k: v for k, v in {"img_size": args.img_size, "num_classes": args.num_classes,
+                                        "peak_tflops": args.peak_tflops}.items() if v is not None})
+    defaults = CLI_OUTS if overrides or args.params != "params.yaml" else STAGE_OUTS
+    args.out_json, args.out_md = args.out_json or defaults[0], args.out_md or defaults[1]
+    if (overrides or args.params != "params.yaml") and {args.out_json, args.out_md} & set(STAGE_OUTS):
+        raise ParamsError(f"{', '.join(STAGE_OUTS)} are the `benchmark` stage's outputs and follow params.yaml alone; "
+                          "write results of command-line overrides elsewhere (--out-json/--out-md)")
+    for key in ("img_size", "num_classes", "peak_tflops"):
+        overrides.pop(key, None)
     try:  # the overrides go through the same schema as params.yaml
         bench = type(params.benchmark).model_validate({**params.benchmark.model_dump(), **overrides})
     except ValidationError as exc:
@@ -58,8 +73,8 @@ def main() -> None:
     result = run_benchmark(
         bench.archs, bench.stems, timm_reference=bench.timm_reference, batch_size=bench.batch_size,
         warmup_steps=bench.warmup_steps, steps=bench.steps, compile=bench.compile, device=bench.device,
-        img_size=args.img_size, num_classes=args.num_classes, optim_cfg=params.train,
-        peak_tflops=args.peak_tflops, hardware=hardware_label(), progress=not args.no_progress)
+        img_size=args.img_size or 224, num_classes=args.num_classes or 1000, optim_cfg=params.train,
+        peak_tflops=args.peak_tflops, hardware=hardware_label(measured_on=True), progress=not args.no_progress)
     write_json_atomic(args.out_json, result)
     write_text_atomic(args.out_md, render_markdown(result))
     print(f"wrote {args.out_json}, {args.out_md} ({result['device']})")

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+import dpnrepro  # noqa: F401  (pins the CPU instruction sets before torch runs a kernel)
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The idx fixture: image i of the train split has pixel (0, 0) == i, of the test split == 100 + i, so a
@@ -104,3 +106,34 @@ def data_cfg(source: Path, **over) -> dict:
                 num_classes=10, skip_corrupt=False, seed=0)
     base.update(over)
     return DataParams(**base).model_dump()
+
+
+# The CI machine's end-to-end run, shared by every test that needs it (tests/test_pipeline.py): the real
+# smoke `dvc repro` of the committed params.yaml in a scratch copy without any committed output.
+COMMITTED_OUTPUTS = ("dvc.lock", "metrics", "reports/table1.md", "reports/table1.png", "reports/table2.md",
+                     "reports/table2.png")
+REPRO_TARGETS = ("table1", "table2")  # everything but the wall-clock benchmarks
+
+
+@pytest.fixture(scope="session")
+def smoke_repro(tmp_path_factory):
+    """``(root, proc, seconds)`` after ``dvc repro table1 table2`` of the committed smoke profile in a
+    fresh copy: empty DVC cache, no dvc.lock, no metrics, no reports, its own git repository."""
+    import shutil
+    import time
+
+    from helpers import FMNIST, copy_project, git_init, run
+
+    if not FMNIST.exists():
+        pytest.skip("needs Debian's dataset-fashion-mnist (make env)")
+    root = copy_project(tmp_path_factory.mktemp("smoke_repro"))
+    for rel in COMMITTED_OUTPUTS:
+        path = root / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    git_init(root)
+    t0 = time.perf_counter()
+    proc = run(["dvc", "repro", *REPRO_TARGETS], root, no_thread_pin=True)
+    return root, proc, time.perf_counter() - t0

@@ -31,10 +31,13 @@ def copy_project(dst: Path) -> Path:
 def tiny_params(**overrides) -> dict:
     """The repo's params.yaml shrunk to seconds: few images, few steps, the smallest arch."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
+    # the idx files directly: no export stage to run first (the end-to-end test covers the image folder)
+    params["data"].update(format="idx", source=str(FMNIST))
     for section in ("data", "data_i21k", "data_jft"):
         if params.get(section):
             params[section].update(train_examples=256, val_examples=128, minival_examples=64)
-    params["train"].update(batch_size=32, steps=12, warmup_steps=2, log_every=2, ckpt_every=4, eval_batch_size=128)
+    params["train"].update(batch_size=32, steps=12, warmup_steps=2)
+    params["runtime"].update(log_every=2, ckpt_every=4, eval_batch_size=128)
     params["table1"] = {"archs": ["Mu-7"], "stems": ["conv", "dpn"], "seeds": [0], "recipe": {}}
     shrink_sweeps(params)
     for dotted, value in overrides.items():
@@ -48,8 +51,8 @@ def shrink_sweeps(params: dict, steps: int = 4, keep: tuple[str, ...] = ("table1
     for sweep, body in params.items():
         if sweep not in keep and isinstance(body, dict) and "recipe" in body:
             body.update(archs=["Mu-7"], seeds=[0])
-            train = body["recipe"].setdefault("train", {})
-            train.update(steps=steps, warmup_steps=1, ckpt_every=steps, log_every=2)
+            body["recipe"].setdefault("train", {}).update(steps=steps, warmup_steps=1)
+            body["runtime"] = {"ckpt_every": steps, "log_every": 2}
     params["benchmark"] = {"archs": ["Ti-16"], "stems": ["conv", "dpn"], "timm_reference": True,
                            "batch_size": 2, "warmup_steps": 0, "steps": 1}
     return params
@@ -59,15 +62,22 @@ def write_params(project: Path, params: dict) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def stage_env() -> dict:
+def stage_env(no_thread_pin: bool = False) -> dict:
+    """The environment of stage subprocesses: offline, the venv first on PATH. Tests run stages on one
+    thread (DPNREPRO_CPU_THREADS=1) to share the cores; ``no_thread_pin`` keeps the project's own pin,
+    as the committed smoke results were made with it."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DVC_NO_ANALYTICS="1",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", DPNREPRO_CPU_THREADS="1", OMP_NUM_THREADS="1")
+    if no_thread_pin:
+        for key in ("DPNREPRO_CPU_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.pop(key, None)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
 
 
-def run(cmd: list[str], cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=stage_env(), capture_output=True, text=True, **kw)
+def run(cmd: list[str], cwd: Path, check: bool = True, no_thread_pin: bool = False,
+        **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=stage_env(no_thread_pin), capture_output=True, text=True, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc

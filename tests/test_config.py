@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from dpnrepro.config import Params, arch_name, load_params, parse_params
+from dpnrepro.config import SWEEPS, Params, arch_name, load_params, parse_params
 from dpnrepro.errors import ParamsError, UserError
 
 PARAMS = REPO / "params.yaml"
@@ -42,7 +42,7 @@ def test_repo_params_validate():
     assert params.data.num_classes == raw["data"]["num_classes"]
     assert all("/" not in a for a in params.table1.archs)
     assert all("/" in arch_name(a) for a in params.table1.archs)
-    assert params.train.batch_size % params.train.devices == 0
+    assert params.train.batch_size % params.runtime.devices == 0
     assert params.train.warmup_steps <= params.train.steps
 
 
@@ -95,9 +95,22 @@ def test_warmup_longer_than_training(tmp_path):
 def test_batch_not_divisible_by_devices(tmp_path):
     raw = _raw()
     raw["train"]["batch_size"] = 10
-    raw["train"]["devices"] = 4
+    raw["runtime"]["devices"] = 4
     msg = _error(tmp_path, raw)
     assert "not divisible" in msg and "devices" in msg
+
+
+def test_execution_settings_live_in_runtime_not_train(tmp_path):
+    raw = _raw()
+    raw["train"]["eval_batch_size"] = 64
+    assert "train.eval_batch_size: unknown key" in _error(tmp_path, raw)
+    raw = _raw()
+    raw["splus"]["runtime"] = {"log_every": 3}
+    from dpnrepro.config import sweep_config
+
+    params = parse_params(raw)
+    assert sweep_config(params, "splus", "Mu-7").runtime.log_every == 3
+    assert sweep_config(params, "deit", "Mu-7").runtime.log_every == params.runtime.log_every
 
 
 def test_arch_with_slash_is_refused(tmp_path):
@@ -181,13 +194,18 @@ def test_sweep_recipes_merge_validate_and_check_init_from():
     bad["deit"]["recipe"] = {"train": {"lr": -1.0}}
     with pytest.raises(ParamsError, match="greater than 0"):
         parse_params(bad)
-    bad["deit"]["recipe"] = {"init_from": "imagenet99"}
-    with pytest.raises(ParamsError, match="not a sweep of this profile"):
+    bad["deit"]["recipe"] = {"init_from": "table1"}  # the dataset and init_from are config.SWEEPS's
+    with pytest.raises(ParamsError, match="deit.recipe.init_from: unknown key"):
         parse_params(bad)
-    bad["deit"]["recipe"] = {"init_from": "table1"}
-    bad["deit"]["seeds"] = [99]
-    with pytest.raises(ParamsError, match="lacks"):
+    bad = _raw()
+    bad["ft384"]["seeds"] = [99]
+    with pytest.raises(ParamsError, match="ft384 has runs its init_from sweep table1 lacks"):
         parse_params(bad)
+    bad = _raw()
+    bad["data_i21k"] = None
+    with pytest.raises(ParamsError, match="i21k_93k trains on data_i21k .* has no data_i21k section"):
+        parse_params(bad)
+    bad = _raw()
     bad["deit"] = {"archs": ["Mu-7"], "stems": ["conv"], "seeds": [0]}
     with pytest.raises(ParamsError, match="recipe"):
         parse_params(bad)
@@ -195,7 +213,7 @@ def test_sweep_recipes_merge_validate_and_check_init_from():
 
 def test_multi_label_data_is_validated():
     raw = _raw()
-    assert raw["data_jft"]["multi_label"] and raw["jft_220k"]["recipe"]["dataset"] == "data_jft"
+    assert raw["data_jft"]["multi_label"] and SWEEPS["jft_220k"].dataset == "data_jft"
     bad = _raw()
     bad["data_jft"]["multi_label"] = False
     with pytest.raises(ParamsError, match="label_parents needs multi_label"):

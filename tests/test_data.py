@@ -20,7 +20,7 @@ from conftest import (
     write_idx,
 )
 from dpnrepro.data.loader import StepBatchSampler, TransformedSplit, build_transform, load_split
-from dpnrepro.data.prepare import load_manifest, prepare_dataset
+from dpnrepro.data.prepare import load_manifest, prepare_dataset, stratified_holdout, warn_if_unbalanced
 from dpnrepro.data.sources import load_idx, read_idx
 from dpnrepro.errors import DatasetError
 
@@ -107,13 +107,13 @@ def test_prepare_split_protocol_and_manifest(idx_dataset, tmp_path):
     manifest = prepare_dataset(cfg, out)
     assert manifest == load_manifest(out) == json.loads((out / "manifest.json").read_text())
 
-    n_minival = round(IDX_TRAIN * 0.1)  # train[90%:] here (minival_fraction 0.1)
-    # minival is exactly the tail of the train split, in order
-    assert _ids(out, "minival") == list(range(IDX_TRAIN - n_minival, IDX_TRAIN))
-    # train is a sorted, seeded subsample of the head only: never a minival example
+    n_minival = round(IDX_TRAIN * 0.1)  # train[90%:] here (minival_fraction 0.1): a stratified random 10 %
+    minival_ids = _ids(out, "minival")
+    assert len(minival_ids) == n_minival and minival_ids == sorted(minival_ids)
+    # train is a sorted, seeded subsample of the rest only: never a minival example
     train_ids = _ids(out, "train")
     assert len(train_ids) == 20 and train_ids == sorted(set(train_ids))
-    assert max(train_ids) < IDX_TRAIN - n_minival
+    assert not set(train_ids) & set(minival_ids)
     # val is the whole official test split
     assert _ids(out, "val") == [TEST_OFFSET + i for i in range(IDX_TEST)]
     # labels travel with their images
@@ -123,7 +123,7 @@ def test_prepare_split_protocol_and_manifest(idx_dataset, tmp_path):
     splits = manifest["splits"]
     assert set(splits) == {"train", "minival", "val"}
     assert {k: v["examples"] for k, v in splits.items()} == {"train": 20, "minival": n_minival, "val": IDX_TEST}
-    assert splits["minival"]["class_counts"] == np.bincount(np.arange(54, 60) % 10, minlength=10).tolist()
+    assert sorted(splits["minival"]["class_counts"]) == [0] * 4 + [1] * 6  # 6 of 10 equal classes, 1 each
     assert splits["val"]["class_counts"] == [3] * 10
     for stats in splits.values():
         assert sum(stats["class_counts"]) == stats["examples"] and len(stats["class_counts"]) == 10
@@ -144,8 +144,46 @@ def test_prepare_is_deterministic_and_seeded(idx_dataset, tmp_path):
     assert _ids(tmp_path / "c", "train") != _ids(tmp_path / "a", "train")
     assert c["splits"]["train"]["sha256"] != a["splits"]["train"]["sha256"]
     assert c["splits"]["val"]["sha256"] != a["splits"]["val"]["sha256"]
-    # minival is never subsampled here (minival_examples 0): identical whatever the seed
-    assert c["splits"]["minival"]["sha256"] == a["splits"]["minival"]["sha256"]
+    # the seed also draws the stratified minival
+    assert c["splits"]["minival"]["sha256"] != a["splits"]["minival"]["sha256"]
+
+
+def test_minival_of_a_class_sorted_image_folder_covers_every_class(tmp_path, hf_cache_in_tmp, capsys):
+    """An ImageNet-style image folder lists its files class by class. A tail slice (the old protocol)
+    put the last classes wholly into minival and none into training; the stratified split holds out
+    the same fraction of every class and trains on every class."""
+    classes = tuple(f"n{i:08d}" for i in range(8))
+    root = make_image_folder(tmp_path / "folder", classes=classes, per_class=10)
+    manifest = prepare_dataset(data_cfg(root, format="imagefolder", num_classes=8, minival_fraction=0.2),
+                               tmp_path / "prepared")
+    counts = {k: v["class_counts"] for k, v in manifest["splits"].items()}
+    assert counts["minival"] == [2] * 8, counts  # 20 % of each class, not the last 2 classes whole
+    assert counts["train"] == [8] * 8, counts    # every class is trained on
+    assert "not class-balanced" not in capsys.readouterr().out
+
+
+def test_stratified_holdout_apportions_exactly_and_is_seeded():
+    labels = np.repeat(np.arange(3), [50, 30, 20])
+    kept, held = stratified_holdout(labels, 0.05, seed=0)
+    assert len(held) == 5 and len(kept) == 95 and not set(kept) & set(held)
+    # quotas 2.5 / 1.5 / 1.0: floors 2 + 1 + 1, the one left over goes to the largest remainder (class 0 first)
+    assert np.bincount(labels[held], minlength=3).tolist() == [3, 1, 1]
+    again, _ = stratified_holdout(labels, 0.05, seed=0)
+    other, _ = stratified_holdout(labels, 0.05, seed=1)
+    assert np.array_equal(kept, again) and not np.array_equal(kept, other)
+
+
+def test_unbalanced_split_gets_a_one_line_warning_with_counts(capsys):
+    assert warn_if_unbalanced("train", [10, 10, 10]) is None
+    msg = warn_if_unbalanced("minival", [10, 0, 3])
+    assert msg == capsys.readouterr().out.strip()
+    assert "\n" not in msg and "split 'minival' is not class-balanced: class 1 has 0 examples, class 0 has 10" in msg
+
+
+def test_pretraining_data_without_eval_split_stores_no_val(idx_dataset, tmp_path):
+    manifest = prepare_dataset(data_cfg(idx_dataset, eval_split=None), tmp_path / "prepared")
+    assert set(manifest["splits"]) == {"train", "minival"}
+    assert not (tmp_path / "prepared" / "val").exists()
 
 
 def test_prepare_replaces_previous_output(idx_dataset, tmp_path):
@@ -400,8 +438,11 @@ def test_prepare_imagefolder_with_label_lists_in_metadata(tmp_path):
     m = prepare_dataset(data_cfg(root, format="imagefolder", num_classes=5, multi_label=True,
                                  minival_fraction=0.25), out)
     assert m["splits"]["val"]["class_counts"] == [1, 1, 0, 0, 1]
-    assert [list(x) for x in load_split(out, "train")["labels"]] == sets["train"][:6]
-    assert [list(x) for x in load_split(out, "minival")["labels"]] == sets["train"][6:]
+    train = [list(x) for x in load_split(out, "train")["labels"]]
+    minival = [list(x) for x in load_split(out, "minival")["labels"]]
+    # stratified by each example's first label: 2 of 8 held out, from the classes with the largest quota
+    assert len(train) == 6 and len(minival) == 2 and sorted(train + minival) == sorted(sets["train"])
+    assert sorted(ids[0] for ids in minival) == [0, 1]
 
     bad = tmp_path / "out_bad"
     with pytest.raises(DatasetError, match="label 4 outside \\[0, 4\\)"):

@@ -1,16 +1,17 @@
-"""Determinism: the `train.deterministic` switch (training/determinism.py) and the whole smoke pipeline
-reproduced twice from empty DVC caches."""
+"""Determinism: the `train.deterministic` switch (training/determinism.py) and the CPU instruction-set
+and thread pins (cpu_determinism.py). That the whole smoke pipeline reproduces the committed results
+bit for bit is tests/test_pipeline.py's job."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
 
-from helpers import FMNIST, copy_project, git_init, stage_env, tiny_params, write_params
+from helpers import REPO
 
 from dpnrepro.training import determinism
 
@@ -93,81 +94,16 @@ def test_deterministic_cuda_trainings_are_bit_identical(stem, tmp_path, restore_
         features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
     )
     spec = ModelSpec(arch="Mu/7", stem=stem, placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, drop_rate=0.1, drop_path_rate=0.1)
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.1, proj_drop_rate=0.1,
+                     drop_path_rate=0.1)
     inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True, mixup=0.5)
-    cfg = TrainParams(lr=1e-3, batch_size=16, steps=6, warmup_steps=1, grad_clip=1.0, log_every=1,
-                      ckpt_every=100, device="cuda", deterministic=True)
+    cfg = TrainParams(lr=1e-3, batch_size=16, steps=6, warmup_steps=1, grad_clip=1.0, device="cuda",
+                      deterministic=True)
     first, second = (train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / name, progress=False).state_dict()
                      for name in ("a", "b"))
     assert first.keys() == second.keys()
     differ = [k for k in first if not torch.equal(first[k], second[k])]
     assert not differ, f"deterministic CUDA trainings differ in {differ}"
-
-
-# --- the smoke pipeline twice from empty DVC caches ---------------------------------------------------------
-
-# `dvc repro table1 table2` runs prepare, every training sweep and every evaluation (all upstream of the
-# two tables), but not the `benchmark` / `bench_input` stages: those measure wall-clock time, so their
-# outputs legitimately differ between runs.
-TARGETS = ("table1", "table2")
-GENERATED = ("dvc.lock", "metrics", "reports/table1.md", "reports/table1.png", "reports/table2.md",
-             "reports/table2.png")
-
-
-def _fresh_copy(root, params):
-    """A scratch copy of the project with none of the committed outputs, an empty DVC cache, its own git."""
-    copy_project(root)
-    write_params(root, params)
-    for generated in GENERATED:
-        path = root / generated
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    assert not (root / ".dvc/cache").exists() and not (root / "runs").exists()
-    git_init(root)
-    return root
-
-
-def _compared_outputs(root) -> dict[str, bytes]:
-    """Every metrics file, every table report and the trained weights of every run."""
-    paths = [*root.glob("metrics/*.json"), *root.glob("reports/table*.md"), *root.glob("reports/table*.png"),
-             *root.glob("runs/*/*/model.safetensors")]
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in paths}
-
-
-@pytest.fixture(scope="module")
-def two_repros(tmp_path_factory):
-    """The tiny smoke params (every sweep Mu/7, seed 0, a few steps) reproduced in two independent copies.
-
-    512 training images: the 25-shot evaluations need 25 of each class in the train pool. The two
-    `dvc repro` run side by side (one core each: stage_env sets OMP_NUM_THREADS=1).
-    """
-    params = tiny_params(**{"data.train_examples": 512})
-    roots = [_fresh_copy(tmp_path_factory.mktemp(name), params) for name in ("first", "second")]
-    procs = [subprocess.Popen(["dvc", "repro", *TARGETS], cwd=root, env=stage_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for root in roots]
-    logs = [proc.communicate()[0] for proc in procs]
-    for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, f"dvc repro failed ({proc.returncode}):\n{log[-4000:]}"
-    return params, roots, logs
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist (make env)")
-def test_smoke_pipeline_twice_from_empty_cache_gives_identical_metrics_reports_and_weights(two_repros):
-    params, (first, second), logs = two_repros
-    for log in logs:
-        assert "Running stage 'prepare'" in log and "Running stage 'table2'" in log, log[-2000:]
-    a, b = _compared_outputs(first), _compared_outputs(second)
-    n_runs = sum(len(body["archs"]) * len(body["stems"]) * len(body["seeds"])
-                 for body in params.values() if isinstance(body, dict) and "recipe" in body)
-    assert sum(name.startswith("runs/") for name in a) == n_runs
-    assert {"metrics/table1.json", "metrics/table1_summary.json", "metrics/table2_summary.json",
-            "reports/table1.md", "reports/table1.png", "reports/table2.md", "reports/table2.png"} <= a.keys()
-    assert a.keys() == b.keys()
-    differ = sorted(name for name in a if a[name] != b[name])
-    assert not differ, f"differ between the two reproductions: {differ}"
 
 
 def test_switch_is_set_before_the_process_group_is_created(monkeypatch, restore_torch_flags, tmp_path):
@@ -191,3 +127,25 @@ def test_switch_is_set_before_the_process_group_is_created(monkeypatch, restore_
     with pytest.raises(GroupCreated):
         trainer.train_classifier(None, None, None, cfg, seed=0, ckpt_dir=tmp_path)
     assert seen == [True]
+
+
+def test_cpu_kernels_are_pinned_in_every_process_that_imports_dpnrepro():
+    """ATen, MKL and oneDNN dispatch by CPU model unless pinned; a stage pins them and its threads."""
+    probe = ("import torch, os, dpnrepro\n"
+             "from dpnrepro.cpu_determinism import pin_threads, describe\n"
+             "pin_threads()\n"
+             "print(torch.backends.cpu.get_cpu_capability(), os.environ['MKL_CBWR'], os.environ['ONEDNN_MAX_CPU_ISA'],"
+             " torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DPNREPRO_CPU_THREADS")}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["AVX2", "AVX2,STRICT", "AVX2", "2"]
+
+
+def test_hardware_label_of_results_names_the_reproducibility_class_not_the_cpu_model():
+    from dpnrepro.cli import cpu_model, hardware_label
+
+    label = hardware_label()
+    if not torch.cuda.is_available():
+        assert cpu_model() not in label and "avx2 kernels" in label.lower() and "threads" in label
+        assert cpu_model() in hardware_label(measured_on=True)

@@ -19,6 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from dpnrepro.config import RuntimeParams
 from helpers import FMNIST, REPO, copy_project, run, stage_env, tiny_params, write_params
 
 TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
@@ -31,9 +32,12 @@ TOL = 1e-5
 needs_fmnist = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist (make env)")
 
 
+RUNTIME_KEYS = {"devices", "accum_steps", "parallel", "compile"}
+
+
 def _params(**train) -> dict:
     """tiny_params (12 steps, batch 32, checkpoint every 4) with one run in table1 and no other sweep."""
-    p = tiny_params(**{f"train.{k}": v for k, v in train.items()})
+    p = tiny_params(**{f"{'runtime' if k in RUNTIME_KEYS else 'train'}.{k}": v for k, v in train.items()})
     t1 = yaml.safe_load((REPO / "params.yaml").read_text())["table1"]
     p["table1"] = {**t1, "archs": ["Mu-7"], "stems": ["dpn"], "seeds": [0]}
     for key in [k for k, v in p.items() if k != "table1" and isinstance(v, dict) and {"archs", "seeds"} <= set(v)]:
@@ -168,7 +172,7 @@ def test_devices_disagreeing_with_world_size_is_an_error(project):
     write_params(project.root, _params(devices=1))
     proc = run([*TORCHRUN, *TRAIN], project.root, check=False)
     assert proc.returncode != 0
-    assert "error: train.devices is 1 but this job has 2 process(es) (WORLD_SIZE)" in proc.stderr
+    assert "error: runtime.devices is 1 but this job has 2 process(es) (WORLD_SIZE)" in proc.stderr
     assert not (project.root / RUN).exists()
 
 
@@ -191,10 +195,10 @@ def tiny(tmp_path, monkeypatch):
         features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
     )
     spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, drop_rate=0.0, drop_path_rate=0.0)
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
+                     drop_path_rate=0.0)
     inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True)
-    cfg = TrainParams(lr=1e-3, batch_size=16, steps=4, warmup_steps=1, grad_clip=1.0, log_every=1,
-                      ckpt_every=100, device="cpu")
+    cfg = TrainParams(lr=1e-3, batch_size=16, steps=4, warmup_steps=1, grad_clip=1.0, device="cpu")
     yield ds, spec, inp, cfg
     torch.use_deterministic_algorithms(det, warn_only=warn)
 
@@ -208,24 +212,30 @@ class _Live:
             self.losses.append(value)
 
 
+INPUT_KEYS = {"mixup", "repeated_aug"}
+
+
 def _fit(tiny, tmp_path, name, **over):
     from dpnrepro.training.trainer import train_classifier
 
     ds, spec, inp, cfg = tiny
-    inp = inp.model_copy(update={k: v for k, v in over.items() if k == "mixup"})
-    cfg = cfg.model_copy(update={k: v for k, v in over.items() if k != "mixup"})
+    inp = inp.model_copy(update={k: v for k, v in over.items() if k in INPUT_KEYS})
+    runtime = RuntimeParams(log_every=1, **{k: v for k, v in over.items() if k in RUNTIME_KEYS})
+    cfg = cfg.model_copy(update={k: v for k, v in over.items() if k not in INPUT_KEYS | RUNTIME_KEYS})
     live = _Live()
-    model = train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / name, live=live, progress=False)
+    model = train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / name, runtime=runtime, live=live,
+                             progress=False)
     sd = model.state_dict()
     return torch.cat([sd[k].flatten() for k in sorted(sd)]), live.losses
 
 
-@pytest.mark.parametrize("mixup", [0.0, 0.5])
-def test_accumulation_matches_one_batch(tiny, tmp_path, mixup):
-    """accum_steps=4 (micro-batches of 4) == one batch of 16, with mixup too: its partner of example j
-    is example j-1 of the global batch whatever the split (HaloBatchSampler)."""
-    w1, l1 = _fit(tiny, tmp_path, "a", mixup=mixup)
-    w4, l4 = _fit(tiny, tmp_path, "b", mixup=mixup, accum_steps=4)
+@pytest.mark.parametrize("mixup,repeats", [(0.0, 1), (0.5, 1), (0.5, 3)])
+def test_accumulation_matches_one_batch(tiny, tmp_path, mixup, repeats):
+    """accum_steps=4 (micro-batches of 4) == one batch of 16, with mixup too: the partner of example j
+    is example j-r of the global batch whatever the split (HaloBatchSampler), r = repeated_aug (with
+    r = 3 the halo of 3 is most of a micro-batch of 4)."""
+    w1, l1 = _fit(tiny, tmp_path, "a", mixup=mixup, repeated_aug=repeats)
+    w4, l4 = _fit(tiny, tmp_path, "b", mixup=mixup, repeated_aug=repeats, accum_steps=4)
     assert len(l1) == len(l4) == 4
     assert all(abs(a - b) <= TOL * abs(a) for a, b in zip(l1, l4)), (l1, l4)
     assert _rel(w1, w4) < TOL
@@ -244,17 +254,70 @@ def test_halo_sampler_reassembles_the_global_batch():
         assert parts[1][1:] == StepBatchSampler(50, 12, rank=1, world_size=3, **kw).batch_for_step(step)
 
 
+def _mixed_pairs(batch_size: int, repeats: int, world: int, accum: int, step: int) -> list[tuple]:
+    """``(example, partner)`` for every example of the global batch, in order, as the trainer mixes them
+    with ``world`` ranks of ``accum`` micro-batches (the partner read off the mixed one-hot targets)."""
+    from dpnrepro.data.loader import HaloBatchSampler
+    from dpnrepro.training.losses import mixup
+
+    micro = batch_size // (world * accum)
+    pairs = []
+    for rank in range(world):
+        sampler = HaloBatchSampler(50, batch_size, seed=3, start_step=0, total_steps=4, rank=rank,
+                                   world_size=world, repeats=repeats)
+        batch, halo = sampler.batch_for_step(step), sampler.halo
+        for k in range(accum):
+            window = batch[k * micro : k * micro + micro + halo]
+            n = len(window)
+            _, t = mixup(torch.zeros(n, 1, 2, 2), torch.eye(n), 1.0, seed=3, step=step, shift=halo)
+            for p in range(halo, n):  # the micro-batch; the halo is dropped after mixing
+                partner = [q for q in torch.nonzero(t[p]).flatten().tolist() if q != p]
+                assert len(partner) == 1, t[p]
+                pairs.append((window[p], window[partner[0]]))
+    return pairs
+
+
+@pytest.mark.parametrize("batch_size,repeats,layouts", [
+    (12, 1, [(1, 1), (2, 1), (1, 4), (3, 2)]),
+    (12, 3, [(1, 1), (2, 1), (1, 4), (3, 2), (2, 3), (1, 12)]),  # B divisible by r; micro-batches < halo
+    (10, 3, [(1, 1), (2, 1), (1, 5), (5, 2), (2, 5)]),  # the last image of the batch has only one copy
+    (6, 3, [(1, 1), (2, 1), (3, 2)]),  # the smallest batch allowed: two distinct images
+])
+def test_mix_partners_are_never_copies_of_the_same_image(batch_size, repeats, layouts):
+    """With repeated augmentation r the partner of example j is example j - r of the global batch (never
+    a copy of the same image), whatever the ranks / micro-batches; r = 1 is big_vision's roll by one."""
+    from dpnrepro.data.loader import StepBatchSampler
+
+    for step in range(4):
+        full = StepBatchSampler(50, batch_size, seed=3, start_step=0, total_steps=4,
+                                repeats=repeats).batch_for_step(step)
+        expected = [(full[j], full[(j - repeats) % batch_size]) for j in range(batch_size)]
+        for world, accum in layouts:
+            pairs = _mixed_pairs(batch_size, repeats, world, accum, step)
+            copies = [(i, j) for (i, _), (j, _) in pairs if i == j]
+            assert not copies, f"examples mixed with a copy of their own image ({world}x{accum}): {copies}"
+            assert pairs == expected, (world, accum)
+
+
+def test_mixing_repeats_needs_two_distinct_images():
+    from dpnrepro.data.loader import HaloBatchSampler
+    from dpnrepro.errors import UserError
+
+    with pytest.raises(UserError, match=r"repeated_aug 3 needs train.batch_size >= 6 \(two distinct images\), got 5"):
+        HaloBatchSampler(50, 5, seed=0, start_step=0, total_steps=1, repeats=3)
+
+
 def test_runtime_checks_are_user_errors(tiny, tmp_path, monkeypatch):
     from dpnrepro.errors import UserError
     from dpnrepro.training.trainer import train_classifier
 
     ds, spec, inp, cfg = tiny
-    bad = cfg.model_copy(update={"accum_steps": 3})  # model_copy skips the params.yaml validation
     with pytest.raises(UserError, match=r"batch_size \(16\) is not divisible by world_size x accum_steps "
                                         r"\(1 x 3 = 3\)"):
-        train_classifier(spec, ds, inp, bad, seed=0, ckpt_dir=tmp_path / "c", progress=False)
+        train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "c", runtime=RuntimeParams(accum_steps=3),
+                         progress=False)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(UserError, match=r"train.devices is 1 but this job has 4 process\(es\)"):
+    with pytest.raises(UserError, match=r"runtime.devices is 1 but this job has 4 process\(es\)"):
         train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "c", progress=False)
     assert not (tmp_path / "c").exists()
 

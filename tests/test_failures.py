@@ -9,15 +9,18 @@ import sys
 import pytest
 import torch
 
+from dpnrepro.config import RuntimeParams
 from dpnrepro.errors import UserError
 from dpnrepro.training import trainer as trainer_mod
-from dpnrepro.training.trainer import ModelSpec, TrainingDiverged, train_classifier
+from dpnrepro.artifacts import ModelSpec
+from dpnrepro.training.trainer import TrainingDiverged, train_classifier
 from helpers import FMNIST, copy_project, run, tiny_params, write_params
 
 
 def _spec():
     return ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, drop_rate=0.0, drop_path_rate=0.0)
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
+                     drop_path_rate=0.0)
 
 
 @pytest.fixture()
@@ -34,9 +37,11 @@ def tiny_train(tmp_path):
     from helpers import REPO
 
     params = load_params(REPO / "params.yaml")
-    cfg = params.train.model_copy(update={"steps": 8, "warmup_steps": 1, "batch_size": 16, "log_every": 1,
-                                          "ckpt_every": 2, "device": "cpu"})
+    cfg = params.train.model_copy(update={"steps": 8, "warmup_steps": 1, "batch_size": 16, "device": "cpu"})
     return ds, params.input, cfg
+
+
+RUNTIME = RuntimeParams(log_every=1, ckpt_every=2)
 
 
 def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_train, tmp_path, monkeypatch):
@@ -51,7 +56,8 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_train, tmp
 
     monkeypatch.setitem(trainer_mod.LOSSES, "sigmoid_xent", poisoned)
     with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; last good checkpoint kept"):
-        train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", progress=False)
+        train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME,
+                         progress=False)
     meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
     assert meta["step"] == 4
     from safetensors.torch import load_file
@@ -80,7 +86,8 @@ def test_full_disk_while_checkpointing_is_one_line_and_keeps_previous(tiny_train
 
     @stage
     def main():
-        train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", progress=False)
+        train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME,
+                         progress=False)
 
     with pytest.raises(SystemExit) as exit_info:
         main()
@@ -95,7 +102,7 @@ def test_full_disk_while_checkpointing_is_one_line_and_keeps_previous(tiny_train
     ("table1.stems", ["conv", "dpnn"], "unknown stem(s) ['dpnn']; choose from conv, linear, dpn"),
     ("table1.archs", ["Q-16"], "unknown arch 'Q/16'"),
     ("model.placement", "sandwich", "unknown placement 'sandwich'; choose one of pre-pre"),
-    ("data.source", "/nonexistent/fmnist", "dataset directory /nonexistent/fmnist does not exist"),
+    ("data.source", "/nonexistent/fmnist", "dataset path /nonexistent/fmnist does not exist; fix data.source"),
 ])
 def test_bad_names_and_paths_fail_in_one_line_before_work(tmp_path, key, value, expect):
     project = copy_project(tmp_path / "p")

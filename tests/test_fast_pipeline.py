@@ -65,10 +65,11 @@ def test_fast_output_shape_dtype_range(channels, photo_jpeg):
         assert -1.0 <= float(x.min()) and float(x.max()) <= 1.0
 
 
-def test_fast_deterministic_per_seed_on_prepared_smoke_data(idx_dataset, tmp_path):
+@pytest.mark.parametrize("crop_sampler", ["torchvision", "big_vision"])
+def test_fast_deterministic_per_seed_on_prepared_smoke_data(idx_dataset, tmp_path, crop_sampler):
     prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
     ds = load_split(tmp_path / "p", "train")
-    split = TransformedSplit(ds, build_transform(cfg(1, size=28), train=True))
+    split = TransformedSplit(ds, build_transform(cfg(1, size=28, crop_sampler=crop_sampler), train=True))
     torch.manual_seed(5)
     random.seed(5)
     np.random.seed(5)
@@ -133,10 +134,11 @@ def test_fast_matches_pil_path_for_the_same_seed(photo_jpeg):
         assert np.mean(diffs) < tol, (extra, diffs)
 
 
-def test_fast_matches_pil_on_tiny_grayscale():
+@pytest.mark.parametrize("crop_sampler", ["torchvision", "big_vision"])
+def test_fast_matches_pil_on_tiny_grayscale(crop_sampler):
     img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (28, 28), dtype=np.uint8))
-    tp = build_transform({**cfg(1, size=28, backend="pil"), "randaug": ""}, train=True)
-    tf = build_transform({**cfg(1, size=28), "randaug": ""}, train=True)
+    tp = build_transform({**cfg(1, size=28, backend="pil", crop_sampler=crop_sampler), "randaug": ""}, train=True)
+    tf = build_transform({**cfg(1, size=28, crop_sampler=crop_sampler), "randaug": ""}, train=True)
     for seed in range(10):
         a, b = seeded(tp, img, seed), seeded(tf, img, seed)
         assert float((a - b).abs().max()) * 127.5 <= 1.01

@@ -11,16 +11,20 @@ import torch
 
 from conftest import data_cfg
 from dpnrepro.errors import DatasetError
+from dpnrepro.evaluation import fewshot
 from dpnrepro.evaluation.fewshot import (
     BIAS_CONSTANT,
     L2_REG,
+    POOL_SEED,
     STD_EPS,
     draw_shots,
     evaluate_fewshot_run,
     extract_features,
     fewshot_from_features,
+    fewshot_input,
     fewshot_lsr_accuracy,
     fit_lsr,
+    pool_indices,
 )
 from dpnrepro.reports.stats import mean_ci95
 
@@ -109,10 +113,11 @@ def test_whitening_uses_only_fewshot_train_statistics():
     probe = fit_lsr(tr_x, tr_y, 3)
     np.testing.assert_allclose(probe.mean[0], tr_x.astype(np.float64).mean(0))
     np.testing.assert_allclose(probe.std[0], tr_x.astype(np.float64).std(0) + 1e-5)
-    # each test prediction is independent of the rest of the test set (no test statistics)
+    # each test prediction is independent of the rest of the test set (no test statistics); up to
+    # rounding only: another batch shape may take another BLAS kernel (bits are guaranteed per shape)
     full = probe.scores(te_x)
-    np.testing.assert_array_equal(full[:5], probe.scores(te_x[:5]))
-    np.testing.assert_array_equal(full[7:8], probe.scores(te_x[7:8]))
+    np.testing.assert_allclose(full[:5], probe.scores(te_x[:5]), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(full[7:8], probe.scores(te_x[7:8]), rtol=1e-10, atol=1e-10)
 
     # A test set that is all one class: whitening it with its own statistics would collapse it to
     # the origin; with the train statistics it stays on its class's side.
@@ -164,6 +169,51 @@ def test_too_few_examples_per_class_is_an_error():
         draw_shots(labels, 5, 4, seed=0)
 
 
+def test_pool_bounds_the_draws_and_is_fixed():
+    labels = np.repeat(np.arange(10), 100)  # ordered by class, as a prepared imagefolder split
+    pool = pool_indices(1000, 300)
+    assert len(pool) == 300 and np.all(np.diff(pool) > 0) and 0 <= pool[0] and pool[-1] < 1000
+    # a fixed seeded subset (not a prefix): the same every call, every class represented
+    np.testing.assert_array_equal(pool, pool_indices(1000, 300))
+    np.testing.assert_array_equal(pool, np.sort(np.random.default_rng(POOL_SEED).choice(1000, 300, replace=False)))
+    assert set(labels[pool].tolist()) == set(range(10))
+    # every draw takes its shots from the pool only, and the same shots for the same seed
+    for seed in range(3):
+        shots = pool[draw_shots(labels[pool], 10, 10, seed)]
+        assert set(shots.tolist()) <= set(pool.tolist()) and len(set(shots.tolist())) == 100
+        np.testing.assert_array_equal(shots, pool[draw_shots(labels[pool_indices(1000, 300)], 10, 10, seed)])
+    # 0 (or a pool at least as large as the split) = all of it
+    np.testing.assert_array_equal(pool_indices(1000, 0), np.arange(1000))
+    np.testing.assert_array_equal(pool_indices(1000, 5000), np.arange(1000))
+    with pytest.raises(ValueError, match="pool_size"):
+        pool_indices(1000, -1)
+
+
+def test_fewshot_transform_resizes_without_keeping_aspect_then_crops():
+    """big_vision's ``resize(16)|central_crop(14)|value_range(-1,1)`` on a 3:1 image of three bands."""
+    from PIL import Image
+
+    from dpnrepro.data.loader import build_transform
+    from dpnrepro.errors import ParamsError
+
+    rows, cols = np.mgrid[0:16, 0:48]
+    image = (100 * (cols // 16) + 2 * rows).astype(np.uint8)  # bands 0 / 100 / 200 (+ 2 x row), 48 wide
+    cfg = {"image_size": 14, "channels": 1, "eval_resize": 14}
+    x = build_transform(fewshot_input(cfg, 16), train=False)(Image.fromarray(image))
+    assert x.shape == (1, 14, 14) and x.dtype == torch.float32
+    got = np.rint((x[0].numpy() + 1) * 127.5).astype(int)
+    # squeezed to 16 x 16 (each band ~5 columns, rows untouched), then rows and columns 1..14 kept:
+    # output column j is squeezed column j + 1; away from the band edges the values are exact
+    row = 2 * (np.arange(14) + 1)
+    for j, band in [(0, 0), (1, 0), (6, 100), (7, 100), (12, 200), (13, 200)]:
+        np.testing.assert_array_equal(got[:, j], band + row, err_msg=f"column {j}")
+    # keeping the aspect (resize_small(16)) would have cropped the middle band only
+    assert set(np.unique(got[0] - row[0]).tolist()) >= {0, 100, 200}
+    assert fewshot_input(cfg, 16)["image_size"] == 14
+    with pytest.raises(ParamsError, match=r"fewshot.resize \(12\) is smaller than input.image_size \(14\)"):
+        fewshot_input(cfg, 12)
+
+
 def test_fewshot_from_features_reports_draws_mean_and_ci():
     tr_x, tr_y, te_x, te_y = _problem(300, 100, 12, 3, seed=5, noise=2.0)
     res = fewshot_from_features(tr_x, tr_y, te_x, te_y, 3, shots=(5, 25), draws=3)
@@ -187,7 +237,8 @@ def _spec(**over):
     from dpnrepro.training.trainer import ModelSpec
 
     kw = dict(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1, pool="tok",
-              rep_size=True, head_bias_init=-2.2, drop_rate=0.0, drop_path_rate=0.0)
+              rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
+              drop_path_rate=0.0)
     return ModelSpec(**{**kw, **over})
 
 
@@ -220,7 +271,8 @@ def test_extract_features_are_the_pre_logits():
 
 
 @pytest.mark.usefixtures("hf_cache_in_tmp")
-def test_evaluate_fewshot_run(idx_dataset, tmp_path):
+def test_evaluate_fewshot_run(idx_dataset, tmp_path, monkeypatch):
+    from dpnrepro.data.loader import load_split
     from dpnrepro.data.prepare import prepare_dataset
     from dpnrepro.training.checkpoint import MODEL_FILE, save_weights
 
@@ -236,8 +288,8 @@ def test_evaluate_fewshot_run(idx_dataset, tmp_path):
     (run / "run.json").write_text(json.dumps({"arch": "Mu/7", "stem": "dpn", "seed": 0, "hardware": "cpu",
                                               "params_m": 0.2}))
 
-    out = evaluate_fewshot_run(run, prepared, INPUT, shots=(1, 5), draws=2, batch_size=16, device="cpu",
-                               progress=False)
+    out = evaluate_fewshot_run(run, prepared, INPUT, shots=(1, 5), draws=2, resize=32, batch_size=16,
+                               device="cpu", progress=False)
     assert {k: out[k] for k in ("arch", "stem", "seed")} == {"arch": "Mu/7", "stem": "dpn", "seed": 0}
     assert out["fewshot_train_pool"] == 54 and out["fewshot_test_examples"] == 30
     assert out["fewshot_draws"] == 2 and out["fewshot_l2_reg"] == 1024.0
@@ -245,11 +297,24 @@ def test_evaluate_fewshot_run(idx_dataset, tmp_path):
         draws = out[f"fewshot{k}_top1_draws"]
         assert len(draws) == 2 and all(0.0 <= d <= 100.0 for d in draws)
         assert (out[f"fewshot{k}_top1"], out[f"fewshot{k}_top1_ci95"]) == mean_ci95(draws)
-    again = evaluate_fewshot_run(run, prepared, INPUT, shots=(1, 5), draws=2, batch_size=7, device="cpu",
-                                 progress=False)
-    assert again == out  # deterministic, independent of the batch size
+    again = evaluate_fewshot_run(run, prepared, INPUT, shots=(1, 5), draws=2, resize=32, batch_size=16,
+                                 device="cpu", progress=False)
+    assert again == out  # deterministic: the same computation gives the same bits
+    # independent of the batch size up to rounding (another batch shape may take another kernel)
+    train, cfg = load_split(prepared, "train"), fewshot_input(INPUT, 32)
+    np.testing.assert_allclose(extract_features(model, train, cfg, batch_size=7)[0],
+                               extract_features(model, train, cfg, batch_size=16)[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(DatasetError, match="25-shot"):
-        evaluate_fewshot_run(run, prepared, INPUT, shots=25, draws=1, device="cpu", progress=False)
-    small = evaluate_fewshot_run(run, prepared, INPUT, shots=1, draws=1, train_examples=20, device="cpu",
+        evaluate_fewshot_run(run, prepared, INPUT, shots=25, draws=1, resize=32, device="cpu", progress=False)
+
+    # the pool: features of exactly the pool's examples, with the few-shot preprocessing
+    seen = []
+    extract = fewshot.extract_features
+    monkeypatch.setattr(fewshot, "extract_features",
+                        lambda m, ds, cfg, *a, **kw: seen.append((ds, cfg)) or extract(m, ds, cfg, *a, **kw))
+    small = evaluate_fewshot_run(run, prepared, INPUT, shots=1, draws=1, resize=32, pool_size=30, device="cpu",
                                  progress=False)
-    assert small["fewshot_train_pool"] == 20
+    assert small["fewshot_train_pool"] == 30
+    pool = load_split(prepared, "train").select(pool_indices(54, 30))
+    assert [ex["image"].tobytes() for ex in seen[0][0]] == [ex["image"].tobytes() for ex in pool]
+    assert seen[0][1] == seen[1][1] == fewshot_input(INPUT, 32) and seen[1][0].num_rows == 30

@@ -98,7 +98,7 @@ def test_mismatched_architecture_is_refused(tmp_path, over):
 
 def test_missing_or_unsafe_file(tmp_path):
     model = build_vit("Mu/7", img_size=28, num_classes=10, **KW)
-    with pytest.raises(CheckpointError, match="do not exist"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         init_from_pretrained(model, tmp_path / "nope.safetensors")
     pt = tmp_path / "w.pt"
     pt.write_bytes(b"x")
@@ -109,7 +109,8 @@ def test_missing_or_unsafe_file(tmp_path):
 def test_finetune_model_from_run(tmp_path):
     src, _ = _pretrained(tmp_path)
     spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, drop_rate=0.0, drop_path_rate=0.0)
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
+                     drop_path_rate=0.0)
     (tmp_path / "model_spec.json").write_text(json.dumps(asdict(spec)))
     model, new_spec = finetune_model_from_run(tmp_path, img_size=42, num_classes=5, head_bias_init=0.0)
     assert new_spec.img_size == 42 and new_spec.num_classes == 5

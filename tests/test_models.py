@@ -165,6 +165,7 @@ def test_patch_embed_stem_timm_embed_layer_options():
     assert (pe.num_patches, pe.grid_size, pe.feat_ratio(), pe.dynamic_feat_size((30, 41))) == (64, (8, 8), 4, (8, 11))
     assert pe(torch.randn(1, 3, 40, 44)).shape == (1, 10, 11, 16)
     assert pe(torch.randn(1, 3, 30, 41)).shape == (1, 8, 11, 16)
+    assert isinstance(pe, timm.layers.PatchEmbed) and pe.feat_ratio(as_scalar=False) == (4, 4)
     strict = PatchEmbedStem(img_size=32, patch_size=4, embed_dim=16, stem='linear')
     assert strict(torch.randn(1, 3, 32, 32)).shape == (1, 64, 16)
     with pytest.raises(ValueError):
@@ -433,7 +434,7 @@ def test_gap_pool_has_no_class_token_and_norms_before_pooling():
 
 
 def test_init_and_dropout_settings():
-    m = build_vit('Mu/4', drop_rate=0.1, drop_path_rate=0.2, **MU)
+    m = build_vit('Mu/4', pos_drop_rate=0.1, proj_drop_rate=0.1, drop_path_rate=0.2, **MU)
     assert torch.all(m.cls_token == 0)
     assert m.pos_embed.std().item() == pytest.approx(64 ** -0.5, rel=0.1)
     bound = math.sqrt(6 / (64 + 64))  # xavier-uniform for each of q, k, v (D x D)
@@ -505,3 +506,164 @@ def test_sincos2d_posemb_is_big_visions_formula_and_fixed():
     np.testing.assert_allclose(model.pos_embed.detach().numpy(), posemb_sincos_2d(4, 4, 64).numpy())
     with pytest.raises(ValueError, match="posemb"):
         build_vit("Mu/7", img_size=28, posemb="rope")
+
+
+# --- 8. timm conventions: argument names, features, scripting, tracing, registration -------------------------
+
+def _dropouts(model: nn.Module) -> dict:
+    return {name: m.p for name, m in model.named_modules() if isinstance(m, nn.Dropout) and m.p > 0}
+
+
+@pytest.mark.parametrize('arg', ['drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate'])
+def test_dropout_arguments_mean_what_they_mean_in_timm(arg):
+    ours = build_vit('Mu/4', **MU, **{arg: 0.25})
+    stock = timm.create_model('vit_tiny_patch16_224', img_size=32, num_classes=10, depth=4, **{arg: 0.25})
+    assert _dropouts(ours) == _dropouts(stock) != {}
+
+
+def test_drop_rate_is_head_dropout():
+    m = build_vit('Mu/4', drop_rate=0.5, rep_size=True, **MU)
+    assert _dropouts(m) == {'head_drop': 0.5}
+    seen = {}
+    m.head_drop.register_forward_hook(lambda mod, i, o: seen.update(i=i[0], o=o))
+    m.head.register_forward_hook(lambda mod, i, o: seen.update(head_in=i[0]))
+    m.train()
+    with torch.no_grad():
+        m(_images())
+    assert seen['head_in'] is seen['o'] and (seen['o'] == 0).any() and not (seen['i'] == 0).any()
+
+
+def test_timm_kwargs_pass_through():
+    m = build_vit('Mu/4', qkv_bias=False, reg_tokens=2, **MU)
+    assert m.blocks[0].attn.qkv.bias is None and m.reg_token.shape == (1, 2, 64)
+    assert m(_images()).shape == (2, 10)
+    dyn = timm.create_model('vit_mu_patch4_dpn', img_size=32, num_classes=10, dynamic_img_size=True)
+    assert dyn(_images(size=48)).shape == (2, 10)
+    with pytest.raises(ValueError, match='stem'):
+        build_vit('Mu/4', embed_layer=nn.Identity, **MU)
+
+
+def test_features_only_returns_per_block_features():
+    model = timm.create_model('vit_base_patch16_dpn', features_only=True, img_size=64)
+    assert model.feature_info.channels() == [768] * 3 and model.feature_info.reduction() == [16] * 3
+    with torch.no_grad():
+        feats = model(_images(1, size=64))
+    assert [tuple(f.shape) for f in feats] == [(1, 768, 4, 4)] * 3
+
+    small = timm.create_model('vit_mu_patch4_conv', features_only=True, img_size=32, out_indices=(0, 2),
+                              stem='rmsnorm', placement='normformer')
+    with torch.no_grad():
+        feats = small(_images())
+    assert [tuple(f.shape) for f in feats] == [(2, 64, 8, 8)] * 2
+
+
+def _block_outputs(model: nn.Module, x: torch.Tensor) -> list:
+    outs = []
+    hooks = [blk.register_forward_hook(lambda m, i, o: outs.append(o)) for blk in model.blocks]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return outs
+
+
+def _configs():
+    return [dict(stem=s) for s in STEMS] + [dict(placement=p) for p in PLACEMENTS if p != 'pre-pre'] + [
+        dict(stem='dpn', pool='gap', rep_size=16)]
+
+
+def _cfg_id(cfg: dict) -> str:
+    return '-'.join(f'{v}' for v in cfg.values())
+
+
+@pytest.mark.parametrize('cfg', _configs(), ids=_cfg_id)
+def test_forward_intermediates(cfg):
+    model = _randomize(build_vit('Mu/4', **MU, **cfg)).eval()
+    x = _images()
+    blocks = _block_outputs(model, x)
+    n_prefix = model.num_prefix_tokens
+    with torch.no_grad():
+        final, inter = model.forward_intermediates(x, indices=[0, 2])
+        torch.testing.assert_close(final, model.forward_features(x), atol=0, rtol=0)
+        for i, y in zip([0, 2], inter):
+            assert y.shape == (2, 64, 8, 8)
+            want = blocks[i][:, n_prefix:].reshape(2, 8, 8, 64).permute(0, 3, 1, 2)
+            torch.testing.assert_close(y, want, atol=0, rtol=0)
+        nlc = model.forward_intermediates(x, indices=2, output_fmt='NLC', norm=True, intermediates_only=True)
+        assert [tuple(y.shape) for y in nlc] == [(2, 64, 64)] * 2
+        torch.testing.assert_close(nlc[-1], model.norm(blocks[-1])[:, n_prefix:], atol=0, rtol=0)
+
+
+@pytest.mark.filterwarnings('ignore:`torch.jit.script` is deprecated:FutureWarning')
+@pytest.mark.parametrize('cfg', _configs(), ids=_cfg_id)
+def test_torchscript_and_fx(cfg):
+    model = _randomize(build_vit('Mu/4', depth=2, **MU, **cfg)).eval()
+    x = _images()
+    with torch.no_grad():
+        ref = model(x)
+        torch.testing.assert_close(torch.jit.script(model)(x), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.fx.symbolic_trace(model)(x), ref, atol=1e-5, rtol=1e-5)
+        ext = timm.models.create_feature_extractor(model, return_nodes={'blocks.1': 'b1', 'norm': 'norm'})
+        out = ext(x)
+        torch.testing.assert_close(out['b1'], _block_outputs(model, x)[1], atol=0, rtol=0)
+        torch.testing.assert_close(out['norm'], model.forward_features(x), atol=0, rtol=0)
+
+        fx_feats = timm.create_model('vit_mu_patch4_dpn', features_only=True, feature_cls='fx', out_indices=(0, 1),
+                                     depth=2, img_size=32, **cfg)
+        feats = fx_feats(x)
+    assert [tuple(f.shape) for f in feats] == [(2, 64 + model.num_prefix_tokens, 64)] * 2
+
+
+@pytest.mark.filterwarnings('ignore:`torch.jit.script` is deprecated:FutureWarning')
+def test_stem_input_checks_survive_scripting_and_tracing():
+    model = build_vit('Mu/4', stem='dpn', depth=1, **MU).eval()
+    for m in (model, torch.fx.symbolic_trace(model)):
+        with pytest.raises(ValueError, match='img_size'):
+            m(_images(size=36))
+    with pytest.raises(Exception, match='img_size'):
+        torch.jit.script(model)(_images(size=36))
+
+
+def test_import_dpnrepro_alone_registers_the_family():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ('import sys, timm, dpnrepro\n'
+            'assert "vit_base_patch16_dpn" in timm.list_models("vit_*_dpn")\n'
+            'm = timm.create_model("vit_mu_patch4_linear", img_size=8, num_classes=3)\n'
+            'print(type(m).__module__)')
+    src = str(Path(__file__).resolve().parents[1] / 'src')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get('PYTHONPATH')])),
+               OMP_NUM_THREADS='1')
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == 'dpnrepro.models.vision_transformer_dpn'
+
+
+def test_build_vit_is_timm_create_model():
+    m = build_vit('Mu/7', stem='post', img_size=28, num_classes=10, in_chans=1)
+    assert m.pretrained_cfg['architecture'] == 'vit_mu_patch4_dpn' and m.patch_embed.patch_size == (7, 7)
+    assert build_vit('S/32', stem='conv', img_size=64).pretrained_cfg['architecture'] == 'vit_small_patch32_conv'
+    ref = timm.create_model('vit_mu_patch4_dpn', patch_size=7, stem='post', img_size=28, num_classes=10, in_chans=1)
+    assert set(m.state_dict()) == set(ref.state_dict())
+    assert timm.models.get_model_input_config(m)['input_size'] == (1, 28, 28)
+
+
+def test_model_spec_uses_timm_dropout_names_and_reads_old_specs(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from dpnrepro.artifacts import ModelSpec
+
+    spec = ModelSpec(arch='Mu/4', stem='dpn', placement='pre-pre', num_classes=10, img_size=32, in_chans=3,
+                     pool='tok', rep_size=False, head_bias_init=0.0, pos_drop_rate=0.1, proj_drop_rate=0.2,
+                     drop_path_rate=0.0)
+    m = spec.build()
+    assert m.pos_drop.p == 0.1 and m.blocks[0].mlp.drop1.p == 0.2 and m.head_drop.p == 0.0
+    old = {k: v for k, v in asdict(spec).items() if k not in ('pos_drop_rate', 'proj_drop_rate')}
+    (tmp_path / 'model_spec.json').write_text(json.dumps(dict(old, drop_rate=0.1)))  # before the timm names
+    loaded = ModelSpec.from_json(tmp_path / 'model_spec.json')
+    assert (loaded.pos_drop_rate, loaded.proj_drop_rate) == (0.1, 0.1)
+    assert loaded.build().head_drop.p == 0.0

@@ -230,6 +230,23 @@ def test_cutmix_pastes_a_box_and_mixes_targets_by_its_area():
     assert torch.equal(mixed, again)
 
 
+def test_mixup_and_cutmix_take_the_partner_shift_places_back():
+    """``shift`` (the repeat count under repeated augmentation) rolls the batch by that many places."""
+    images = torch.arange(6.0)[:, None, None, None].expand(6, 1, 16, 16).clone()  # image k is all k
+    targets = one_hot_targets(torch.arange(6), 6)
+    for shift in (1, 3):
+        mixed, t = mixup(images, targets, 0.4, seed=0, step=1, shift=shift)
+        lam = float(np.random.default_rng([0, 1]).beta(0.4, 0.4))
+        torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.roll(shift, 0))
+        torch.testing.assert_close(t, lam * targets + (1 - lam) * targets.roll(shift, 0))
+        pasted, t = mixup(images, targets, 0.0, seed=1, step=2, cutmix=1.0, shift=shift)
+        for k in range(6):
+            partner = (k - shift) % 6
+            assert torch.all((pasted[k] == k) | (pasted[k] == partner))
+            area = (pasted[k] == partner).float().mean()
+            torch.testing.assert_close(t[k, partner], area, atol=1e-6, rtol=0)
+
+
 def test_mixup_cutmix_switch_uses_both_over_steps():
     images = torch.randn(4, 1, 16, 16)
     targets = one_hot_targets(torch.tensor([0, 1, 2, 3]), 4)

@@ -62,8 +62,8 @@ def full():
         ("split='train[:99%]'", lambda p: p.data.minival_fraction == 0.01),
         ("get_eval('train[99%:]')", lambda p: p.data.minival_fraction == 0.01),
         ("get_eval('validation')", lambda p: p.data.eval_split == "validation"),
-        ("config.log_training_steps=50", lambda p: p.train.log_every == 50),
-        ("config.ckpt_steps=1000", lambda p: p.train.ckpt_every == 1000),
+        ("config.log_training_steps=50", lambda p: p.runtime.log_every == 50),
+        ("config.ckpt_steps=1000", lambda p: p.runtime.ckpt_every == 1000),
     ],
 )
 def test_full_profile_matches_appendix_c(appendix_c, full, printed, getter):
@@ -129,7 +129,7 @@ FINETUNES = ("ft384", "jft_220k_ft224", "jft_220k_ft384", "jft_1100k_ft224", "jf
         ("config.lr=0.03", lambda c: c.train.lr == 0.03),
         ("warmup_steps=500", lambda c: c.train.warmup_steps == 500),
         ("decay_type='cosine'", lambda c: c.train.schedule == "cosine"),
-        ("config.log_training_steps=10", lambda c: c.train.log_every == 10),
+        ("config.log_training_steps=10", lambda c: c.runtime.log_every == 10),
         ("pool_type='tok'", lambda c: c.model.pool == "tok"),
         ("rep_size=True", lambda c: c.model.rep_size is True),
         ("split='train[:99%]'", lambda c: c.data.minival_fraction == 0.01),
@@ -153,9 +153,11 @@ def test_finetune_resolutions_match_appendix_d(appendix_d, full):
     for sweep in ("jft_220k_ft224", "jft_1100k_ft224"):  # the 224 fine-tune uses appendix C's eval crop
         c = sweep_config(full, sweep, getattr(full, sweep).archs[0])
         assert (c.input.image_size, c.input.eval_resize) == (224, 256), sweep
-    assert full.ft384.recipe.init_from == "table1"
-    assert {full.jft_220k_ft224.recipe.init_from, full.jft_220k_ft384.recipe.init_from} == {"jft_220k"}
-    assert {full.jft_1100k_ft224.recipe.init_from, full.jft_1100k_ft384.recipe.init_from} == {"jft_1100k"}
+    from dpnrepro.config import SWEEPS
+
+    assert SWEEPS["ft384"].init_from == "table1"
+    assert {SWEEPS["jft_220k_ft224"].init_from, SWEEPS["jft_220k_ft384"].init_from} == {"jft_220k"}
+    assert {SWEEPS["jft_1100k_ft224"].init_from, SWEEPS["jft_1100k_ft384"].init_from} == {"jft_1100k"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -258,3 +260,18 @@ def test_every_profile_defines_every_sweep_dvc_yaml_uses():
         assert list(params.sweeps()) == list(SWEEPS), name
     for sweep in SWEEPS:
         assert f"train-{sweep}" in stages, sweep
+
+
+def test_crop_sampler_matches_each_recipe_source(appendix_c, appendix_d, full):
+    """big_vision's ``decode_jpeg_and_inception_crop`` (TF sampler, default area 5-100 %) in every AugReg-style
+    sweep; DeiT is built on timm, whose ``RandomResizedCrop`` samples like torchvision's."""
+    from dpnrepro.config import SWEEPS
+
+    assert "decode_jpeg_and_inception_crop(224)" in appendix_c
+    assert "decode_jpeg_and_inception_crop(384)" in appendix_d
+    assert "We build upon PyTorch [150] and the timm library [214]" in seed_text("004")
+    for sweep in SWEEPS:
+        for arch in getattr(full, sweep).archs:
+            inp = sweep_config(full, sweep, arch).input
+            expected = ("torchvision", 0.08) if sweep == "deit" else ("big_vision", 0.05)
+            assert inp.inception_crop and (inp.crop_sampler, inp.crop_min_area) == expected, (sweep, arch)

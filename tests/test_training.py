@@ -23,7 +23,7 @@ CKPT = "checkpoints/table1/Mu-7_dpn_s0"
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = copy_project(tmp_path_factory.mktemp("proj"))
-    write_params(root, tiny_params(**{"train.steps": 40, "train.ckpt_every": 8}))
+    write_params(root, tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8}))
     git_init(root)
     run([sys.executable, "stages/prepare.py"], root)
     return root
@@ -74,14 +74,14 @@ def test_kill_minus_9_then_resume_matches_uninterrupted(project):
 def test_checkpoint_of_other_config_is_not_resumed(project):
     run(["rm", "-rf", RUN, CKPT], project)
     run([sys.executable, *TRAIN], project)
-    params = tiny_params(**{"train.steps": 40, "train.ckpt_every": 8, "train.lr": 0.002})
+    params = tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8, "train.lr": 0.002})
     write_params(project, params)
     try:
         out = run([sys.executable, *TRAIN], project)
         assert "ignoring checkpoint" in out.stdout
         assert "resuming" not in out.stdout
     finally:
-        write_params(project, tiny_params(**{"train.steps": 40, "train.ckpt_every": 8}))
+        write_params(project, tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8}))
 
 
 @pytest.mark.slow
@@ -89,7 +89,12 @@ def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project):
     """Issue 4, part 1, through DVC itself: the stage process is SIGKILLed right after its step-16
     checkpoint inside `dvc repro`; the next `dvc repro` resumes (not from scratch) and the weights are
     byte-identical to an uninterrupted run."""
-    stage = "train-table1@Mu-7-dpn-0"
+    stage = "train-table1"  # trains every run of the sweep: here the one run Mu-7 dpn s0
+    params = tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8})
+    for body in params.values():  # one run per sweep (fine-tunes need their table1 run)
+        if isinstance(body, dict) and "stems" in body:
+            body["stems"] = ["dpn"]
+    write_params(project, params)
     run(["rm", "-rf", RUN, CKPT], project)
     run([sys.executable, *TRAIN], project)
     reference = (project / RUN / "model.safetensors").read_bytes()
@@ -105,32 +110,31 @@ def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project):
     resumed = run(["dvc", "repro", "--single-item", stage], project)
     assert "resuming from" in resumed.stdout + resumed.stderr and "at step 16/40" in resumed.stdout + resumed.stderr
     assert (project / RUN / "model.safetensors").read_bytes() == reference
+    write_params(project, tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8}))
 
 
 def test_code_fingerprint_covers_exactly_the_train_stages_code_deps(tmp_path):
-    """A checkpoint written by other code is not resumed: the fingerprint hashes the sources the train
-    stages depend on in dvc.yaml, and nothing else."""
+    """A checkpoint written by other code is not resumed: the fingerprint hashes the files the train
+    stages depend on in dvc.yaml (both from dpnrepro.codedeps), and nothing else."""
     import shutil
 
-    import yaml
-
-    from dpnrepro.training.trainer import CODE_DEPS, code_fingerprint
+    from dpnrepro.codedeps import code_files
+    from dpnrepro.training.trainer import code_fingerprint
     from helpers import REPO
 
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    for name, body in stages.items():
-        if name.startswith("train-"):
-            src = sorted(d.removeprefix("src/dpnrepro/") for d in body["deps"] if d.startswith("src/dpnrepro"))
-            assert src == sorted(CODE_DEPS), name
-
-    pkg = shutil.copytree(REPO / "src/dpnrepro", tmp_path / "dpnrepro",
-                          ignore=shutil.ignore_patterns("__pycache__"))
-    before = code_fingerprint(pkg)
-    assert before == code_fingerprint(REPO / "src/dpnrepro")
-    (pkg / "reports/tables.py").write_text("# not a training dependency\n")
-    assert code_fingerprint(pkg) == before
-    for dep in ("models/vision_transformer_dpn.py", "data/fast.py", "training/losses.py"):
-        with open(pkg / dep, "a") as f:
+    root = tmp_path / "repo"
+    for part in ("src/dpnrepro", "stages"):
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_fingerprint(root)
+    assert before == code_fingerprint(REPO)
+    files = code_files("stages/train.py", root)
+    assert "src/dpnrepro/reports/tables.py" not in files and "src/dpnrepro/evaluation/fewshot.py" not in files
+    (root / "src/dpnrepro/reports/tables.py").write_text("# not a training dependency\n")
+    assert code_fingerprint(root) == before
+    for dep in ("src/dpnrepro/models/vision_transformer_dpn.py", "src/dpnrepro/data/fast.py",
+                "src/dpnrepro/training/losses.py", "src/dpnrepro/config.py", "stages/train.py"):
+        assert dep in files
+        with open(root / dep, "a") as f:
             f.write("\n# changed\n")
-        assert code_fingerprint(pkg) != before, dep
-        before = code_fingerprint(pkg)
+        assert code_fingerprint(root) != before, dep
+        before = code_fingerprint(root)

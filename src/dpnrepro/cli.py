@@ -22,11 +22,15 @@ def offline_defaults() -> None:
 
 
 def stage(main):
-    """Decorator for stage entry points: a :class:`UserError` becomes ``error: <one line>`` and exit 2."""
+    """Decorator for stage entry points: offline, fixed CPU threads (cpu_determinism); a :class:`UserError`
+    becomes ``error: <one line>`` and exit 2."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         offline_defaults()
+        from dpnrepro.cpu_determinism import pin_threads
+
+        pin_threads()
         from dpnrepro.errors import UserError
 
         try:
@@ -47,20 +51,35 @@ def stage(main):
     return wrapper
 
 
-def hardware_label() -> str:
-    """A short description of the machine this process runs on, recorded with every measured number."""
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's word for it."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def hardware_label(*, measured_on: bool = False) -> str:
+    """The hardware a result is labelled with.
+
+    Results (``measured_on=False``): on CPU the class of machines that give the same bits (architecture,
+    pinned kernels, threads; cpu_determinism), not the CPU model, so that committed metrics stay
+    byte-identical across machines; on GPU the device model (GPU bits are per model). Timings
+    (``measured_on=True``): the actual CPU model as well.
+    """
     import platform
 
     import torch
 
+    from dpnrepro.cpu_determinism import describe
+
     if torch.cuda.is_available():
         dev = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    elif measured_on:
+        dev = f"CPU {cpu_model()}, {torch.get_num_threads()} threads"
     else:
-        cpu = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-        dev = f"CPU {cpu}, {torch.get_num_threads()} threads"
+        dev = f"CPU {platform.machine()}, {describe()}"
     return f"{dev}; torch {torch.__version__}"

@@ -29,7 +29,8 @@ class DataParams(_Section):
     format: Literal["idx", "imagefolder", "disk", "hub"]
     source: str
     train_split: str = "train"
-    eval_split: str = "validation"
+    eval_split: str | None = Field("validation", description=(
+        "the official held-out split (`val`); null = none (pretraining data, evaluated few-shot on `data`)"))
     minival_fraction: float = Field(0.01, gt=0, lt=1)
     train_examples: int = Field(0, ge=0, description="0 = all")
     minival_examples: int = Field(0, ge=0, description="0 = all")
@@ -59,6 +60,15 @@ class DataParams(_Section):
         return self
 
 
+class ExportParams(_Section):
+    """The smoke profile's image folder: an idx dataset (Debian's Fashion-MNIST) written out as
+    ``data/raw/imagefolder/{train,test}/<NN_class>/*.png`` by the `export_imagefolder` stage."""
+
+    source: str
+    train_per_class: int = Field(0, ge=0, description="first N images of each class; 0 = all")
+    test_per_class: int = Field(0, ge=0, description="first N images of each class; 0 = all")
+
+
 class InputParams(_Section):
     """Preprocessing (appendix C): inception crop + flip + RandAugment for train, resize + crop for eval."""
 
@@ -67,6 +77,10 @@ class InputParams(_Section):
     eval_resize: int = Field(gt=0)
     inception_crop: bool = True
     crop_min_area: float = Field(0.05, gt=0, le=1, description="inception crop's smallest area fraction (big_vision 0.05; DeiT 0.08)")
+    crop_sampler: Literal["torchvision", "big_vision"] = Field("torchvision", description=(
+        "inception crop box + resize: 'big_vision' = TF's sample_distorted_bounding_box (aspect 0.75-1.33 "
+        "uniform, 100 attempts, else the whole image) + bilinear without antialias (data/crop.py); "
+        "'torchvision' = RandomResizedCrop (log-uniform aspect 3/4-4/3, 10 attempts) + antialiased bilinear"))
     flip: bool = True
     randaug: str = Field("", description=(
         "'rand-n2-m15-tbigvision' = big_vision randaug(2, 15) (AugReg); any other timm RandAugment spec "
@@ -76,7 +90,6 @@ class InputParams(_Section):
     mix_switch_prob: float = Field(0.5, ge=0, le=1, description="with mixup and cutmix both on: P(cutmix) per batch")
     random_erasing: float = Field(0.0, ge=0, le=1, description="random-erasing probability (DeiT); 0 = off")
     repeated_aug: int = Field(1, ge=1, description="repeated augmentation: copies of each image per batch (DeiT: 3)")
-    workers: int = Field(0, ge=0)
     backend: Literal["pil", "fast"] = Field("pil", description="train-time augmentation pipeline (data/loader.py)")
 
     @model_validator(mode="after")
@@ -120,14 +133,32 @@ class TrainParams(_Section):
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     grad_clip: float = Field(0.0, ge=0, description="global-norm clip; 0 = off")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
-    log_every: int = Field(10, gt=0)
-    ckpt_every: int = Field(100, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="cpu and cuda give different bits")
+    deterministic: bool = Field(True, description="deterministic kernels (training/determinism.py)")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
+        return self
+
+
+class RuntimeParams(_Section):
+    """How the work is executed, not what is computed: no train stage tracks this section, and a
+    checkpoint resumes across any change of it (a run started on 8 GPUs can finish on 4).
+
+    Changing ``devices``, ``accum_steps`` or ``parallel`` regroups the sums of a step, so a run is
+    equal to rounding (1e-5 relative), not bit-identical, across layouts (tests/test_distributed.py).
+    """
+
+    workers: int = Field(0, ge=0, description="data-loader worker processes")
     eval_batch_size: int = Field(256, gt=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    deterministic: bool = True
+    log_every: int = Field(10, gt=0, description="dvclive logging cadence (steps)")
+    ckpt_every: int = Field(100, gt=0, description="resumable-checkpoint cadence (steps)")
     devices: int = Field(1, gt=0, description=(
         "expected number of training processes in all (torchrun's WORLD_SIZE = nodes x nproc_per_node); "
-        "checked when training starts. batch_size and steps stay the global batch and the optimizer steps"))
+        "checked when training starts. train.batch_size and train.steps stay the global batch and the "
+        "optimizer steps"))
     accum_steps: int = Field(1, gt=0, description=(
         "gradient-accumulation micro-steps per optimizer step; each process computes "
         "batch_size / (devices x accum_steps) examples per micro-step"))
@@ -136,14 +167,10 @@ class TrainParams(_Section):
         "transformer block + root, for L/16 and up)"))
     compile: bool = Field(False, description="torch.compile the model (checkpoints keep the plain state dict)")
 
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
-        if self.batch_size % (self.devices * self.accum_steps):
-            raise ValueError(f"batch_size ({self.batch_size}) is not divisible by devices x accum_steps "
+    def check_batch(self, batch_size: int) -> None:
+        if batch_size % (self.devices * self.accum_steps):
+            raise ValueError(f"batch_size ({batch_size}) is not divisible by devices x accum_steps "
                              f"({self.devices} x {self.accum_steps} = {self.devices * self.accum_steps})")
-        return self
 
 
 class ArchOverride(_Section):
@@ -165,18 +192,18 @@ class FewshotParams(_Section):
     l2_reg: float = Field(2.0**10, gt=0)
     train_split: str = "train"
     test_split: str = "val"
+    resize: int = Field(256, gt=0, description="resize to resize x resize (aspect not kept), then central crop "
+                                               "to input.image_size (big_vision: 256 -> 224)")
+    pool_size: int = Field(0, ge=0, description="train examples (a fixed seeded subset) the shots are drawn "
+                                                "from; 0 = all (big_vision's ImageNet pool: 65000)")
 
 
 class RecipeParams(_Section):
     """How a sweep's runs are trained: the top-level ``input``/``model``/``train`` sections with these
-    deltas, then the per-arch ``overrides``. ``init_from`` names the sweep whose run with the same
-    arch/stem/seed initialises each run (fine-tuning: position embeddings resized, head re-initialised).
-    Kept apart from archs/stems/seeds so that DVC retrains a run only when its recipe changes.
+    deltas, then the per-arch ``overrides``. The dataset and the sweep a fine-tune starts from (same
+    arch/stem/seed; position embeddings resized, head re-initialised) are the sweep's :data:`SWEEPS` entry.
     """
 
-    dataset: Literal["data", "data_i21k", "data_jft"] = Field(
-        "data", description="the top-level dataset section to train on (few-shot evaluation always uses `data`)")
-    init_from: str | None = None
     input: dict = Field(default_factory=dict, description="deltas to the top-level input section")
     model: dict = Field(default_factory=dict, description="deltas to the top-level model section")
     train: dict = Field(default_factory=dict, description="deltas to the top-level train section")
@@ -191,6 +218,8 @@ class SweepParams(_Section):
     seeds: list[int] = Field(min_length=1)
     recipe: RecipeParams
     evaluate: Literal["top1", "fewshot"] = "top1"
+    runtime: dict = Field(default_factory=dict, description=(
+        "deltas to the top-level runtime section for this sweep (execution only; not tracked by DVC)"))
     fewshot: FewshotParams = Field(default_factory=FewshotParams)
 
     @model_validator(mode="after")
@@ -235,23 +264,44 @@ class BenchmarkParams(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
-# The sweeps behind the tables, in dvc.yaml order. table1 is Table 1's "ViT AugReg" block.
-SWEEPS = (
-    "table1", "splus", "deit", "ft384",                           # Table 1 left
-    "i21k_93k", "i21k_930k",                                      # Table 1 right (25-shot)
-    "jft_220k", "jft_1100k",                                      # Table 2 left (25-shot)
-    "jft_220k_ft224", "jft_220k_ft384", "jft_1100k_ft224", "jft_1100k_ft384",  # Table 2 right
-)
+class SweepDef(NamedTuple):
+    """What a sweep is, whatever the profile: the table it fills, the dataset section it trains on and
+    the sweep whose runs initialise it (fine-tuning). dvc.yaml is generated from this table
+    (``python -m dpnrepro.pipeline``), so adding a table block is one entry here plus its params."""
+
+    table: int
+    dataset: Literal["data", "data_i21k", "data_jft"] = "data"
+    init_from: str | None = None
+
+
+# The sweeps behind the tables, in dvc.yaml order. table1 is Table 1's "ViT AugReg" block. Few-shot
+# sweeps (i21k_*, jft_*) are evaluated on `data` whatever they train on.
+SWEEPS: dict[str, SweepDef] = {
+    "table1": SweepDef(1),                                            # Table 1 left: ViT AugReg
+    "splus": SweepDef(1),                                             # S/16+
+    "deit": SweepDef(1),                                              # DeiT
+    "ft384": SweepDef(1, init_from="table1"),                         # AugReg + 384 fine-tune
+    "i21k_93k": SweepDef(1, dataset="data_i21k"),                     # Table 1 right: 21k, 25-shot
+    "i21k_930k": SweepDef(1, dataset="data_i21k"),
+    "jft_220k": SweepDef(2, dataset="data_jft"),                      # Table 2 left: JFT-style, 25-shot
+    "jft_1100k": SweepDef(2, dataset="data_jft"),
+    "jft_220k_ft224": SweepDef(2, init_from="jft_220k"),              # Table 2 right: fine-tunes
+    "jft_220k_ft384": SweepDef(2, init_from="jft_220k"),
+    "jft_1100k_ft224": SweepDef(2, init_from="jft_1100k"),
+    "jft_1100k_ft384": SweepDef(2, init_from="jft_1100k"),
+}
 
 
 class Params(_Section):
     profile: Literal["smoke", "mini", "full"]
+    export_imagefolder: ExportParams | None = None
     data: DataParams
     data_i21k: DataParams | None = Field(None, description="ImageNet-21k: the pretraining data of Table 1 right")
     data_jft: DataParams | None = Field(None, description="a large JFT-style dataset of your own: Table 2")
     input: InputParams
     model: ModelParams
     train: TrainParams
+    runtime: RuntimeParams = Field(default_factory=RuntimeParams)
     table1: SweepParams
     splus: SweepParams | None = None
     deit: SweepParams | None = None
@@ -272,24 +322,30 @@ class Params(_Section):
             raise ValueError("data.multi_label: the evaluation dataset `data` must be single-label; "
                              "put multi-label pretraining data in data_jft or data_i21k")
         for name, sw in self.sweeps().items():
-            rc = sw.recipe
-            if getattr(self, rc.dataset) is None:
-                raise ValueError(f"{name}.recipe.dataset is {rc.dataset!r} but params.yaml has no {rc.dataset} section")
-            if rc.init_from is not None:
-                src = self.sweeps().get(rc.init_from)
+            definition = SWEEPS[name]
+            if getattr(self, definition.dataset) is None:
+                raise ValueError(f"{name} trains on {definition.dataset} (config.SWEEPS) but params.yaml has no "
+                                 f"{definition.dataset} section")
+            if definition.init_from is not None:
+                src = self.sweeps().get(definition.init_from)
                 if src is None:
-                    raise ValueError(f"{name}.recipe.init_from: {rc.init_from!r} is not a sweep of this profile")
+                    raise ValueError(f"{name} fine-tunes the runs of {definition.init_from}, which this profile "
+                                     "does not define")
                 missing = sorted(set(sw.archs) - set(src.archs)) + sorted(set(sw.stems) - set(src.stems)) + \
                     sorted(str(s) for s in set(sw.seeds) - set(src.seeds))
                 if missing:
-                    raise ValueError(f"{name} has runs its init_from sweep {rc.init_from} lacks: {missing}")
+                    raise ValueError(f"{name} has runs its init_from sweep {definition.init_from} lacks: {missing}")
             for arch in sw.archs:
                 try:
-                    sweep_config(self, name, arch)
+                    cfg = sweep_config(self, name, arch)
+                    cfg.runtime.check_batch(cfg.train.batch_size)
                 except ValidationError as exc:
                     raise ValueError(f"{name} (arch {arch}): {_describe(exc)}") from None
-            if getattr(self, rc.dataset).multi_label and sweep_config(self, name, sw.archs[0]).train.loss != "sigmoid_xent":
-                raise ValueError(f"{name} trains on multi-label {rc.dataset}: it needs train.loss sigmoid_xent")
+                except ValueError as exc:
+                    raise ValueError(f"{name} (arch {arch}): {exc}") from None
+            if getattr(self, definition.dataset).multi_label and \
+                    sweep_config(self, name, sw.archs[0]).train.loss != "sigmoid_xent":
+                raise ValueError(f"{name} trains on multi-label {definition.dataset}: it needs train.loss sigmoid_xent")
         return self
 
     def sweeps(self) -> dict[str, SweepParams]:
@@ -343,6 +399,12 @@ class SweepConfig(NamedTuple):
     input: InputParams
     model: ModelParams
     train: TrainParams
+    runtime: RuntimeParams
+
+    def recipe(self) -> dict:
+        """The fully resolved recipe: everything that decides what a run computes (not runtime)."""
+        return {"data": self.data.model_dump(), "input": self.input.model_dump(),
+                "model": self.model.model_dump(), "train": self.train.model_dump()}
 
 
 def _merge(section: _Section, delta: dict, cls: type[_Section]) -> _Section:
@@ -368,8 +430,9 @@ def sweep_config(params: Params, sweep: str, arch: str) -> SweepConfig:
         set_keys = {k: v for k, v in ov.model_dump().items() if v is not None}
         model = _merge(model, {k: v for k, v in set_keys.items() if k in ModelParams.model_fields}, ModelParams)
         inp = _merge(inp, {k: v for k, v in set_keys.items() if k in InputParams.model_fields}, InputParams)
-    data = getattr(params, rc.dataset)
-    return SweepConfig(data, inp, model, train)
+    data = getattr(params, SWEEPS[sweep].dataset)
+    runtime = _merge(params.runtime, get_sweep(params, sweep).runtime, RuntimeParams)
+    return SweepConfig(data, inp, model, train, runtime)
 
 
 def arch_name(arch: str) -> str:

@@ -157,7 +157,7 @@ def run_input_benchmark(n: int = 200, rounds: int = 5, seed: int = 0, size: int 
     med = {b: statistics.median(v) for b, v in per_core.items()}
     ratios = [f / p for f, p in zip(per_core["fast"], per_core["pil"])]
     return {
-        "hardware": hardware_label(),
+        "hardware": hardware_label(measured_on=True),
         "threads": 1,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "image_size": size,

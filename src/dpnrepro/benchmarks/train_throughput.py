@@ -24,7 +24,6 @@ import ctypes
 import gc
 import math
 import os
-import platform
 import re
 import statistics
 import time
@@ -39,6 +38,7 @@ from dpnrepro.benchmarks.flops import (
     peak_bf16_tflops,
     vit_forward_flops,
 )
+from dpnrepro.cli import cpu_model
 from dpnrepro.errors import UserError
 
 __all__ = ["TARGETS", "measure_matmul_tflops", "render_markdown", "run_benchmark", "timm_reference_name"]
@@ -115,13 +115,6 @@ def _pick_device(name: str) -> torch.device:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError, StopIteration):
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    return platform.processor() or platform.machine()
 
 
 class _CpuPeakRss:
@@ -387,7 +380,7 @@ def run_benchmark(
     if hardware is None:
         from dpnrepro.cli import hardware_label
 
-        hardware = hardware_label()
+        hardware = hardware_label(measured_on=True)
 
     if dev.type == "cuda":
         device_name = torch.cuda.get_device_name(dev)
@@ -401,7 +394,7 @@ def run_benchmark(
             peak, peak_source = None, f"unknown device {device_name!r}: no datasheet peak (pass --peak-tflops)"
         mem_label = "torch.cuda.max_memory_allocated − allocated before the model (excl. the shared batch)"
     else:
-        device_name = f"CPU {_cpu_name()} ({torch.get_num_threads()} threads)"
+        device_name = f"CPU {cpu_model()} ({torch.get_num_threads()} threads)"
         dtype_label = "fp32"
         peak = float(peak_tflops) if peak_tflops is not None else None
         peak_source = ("given on the command line" if peak is not None

@@ -1,10 +1,12 @@
 """The ``input.backend: fast`` train-time pipeline: the same augmentation as the PIL path, cheaper per core.
 
-Op chain (both backends): inception crop (``RandomResizedCrop``, area 5-100 %, aspect 3/4-4/3) to
-``S x S`` → left-right flip → timm RandAugment → ``value_range(-1, 1)``. The fast path draws every random
-number from the same generators, in the same order, with the same samplers as the PIL path
-(:func:`dpnrepro.data.loader.build_transform`), so for one ``(index, seed)`` both pick the same crop box,
-flip and RandAugment ops/magnitudes/interpolations. What differs is how pixels are computed:
+Op chain (both backends): inception crop to ``S x S`` (``input.crop_sampler``: torchvision's
+``RandomResizedCrop``, area 5-100 %, aspect 3/4-4/3, antialiased resize; or ``big_vision``: TF's box sampler
+and bilinear resize without antialias, :mod:`dpnrepro.data.crop`) → left-right flip → timm RandAugment →
+``value_range(-1, 1)``. The fast path draws every random number from the same generators, in the same
+order, with the same samplers as the PIL path (:func:`dpnrepro.data.loader.build_transform`), so for one
+``(index, seed)`` both pick the same crop box, flip and RandAugment ops/magnitudes/interpolations. What
+differs is how pixels are computed:
 
 * **Crop first, decode small.** The crop box is sampled from the image header (``Image.open`` is lazy).
   For a JPEG whose crop is at least ``2 S`` / ``4 S`` / ``8 S`` pixels on both sides, libjpeg decodes at
@@ -14,9 +16,11 @@ flip and RandAugment ops/magnitudes/interpolations. What differs is how pixels a
   antialiased bilinear downscale (and PIL's draft mode decodes with libjpeg's fast IDCT): ~1-2 grey
   levels mean abs difference on a detailed photo, about what an exact box ``reduce()`` first would give.
   For ImageNet-sized photos (~500x375) this never triggers at S = 224 (no crop side reaches 448 px);
-  it pays off on larger images.
+  it pays off on larger images. Not with ``crop_sampler: big_vision``: its resize does not antialias, so
+  the window is decoded at full scale, as TF's ``decode_and_crop_jpeg`` does.
 * **uint8 until the end.** Crop + antialiased bilinear resize run in torch's uint8 channels-last kernel,
-  which reproduces PIL's ``resize(BILINEAR)`` to within rounding (mean abs diff ~0.01 grey levels);
+  which reproduces PIL's ``resize(BILINEAR)`` to within rounding (mean abs diff ~0.01 grey levels;
+  ``big_vision``: :func:`dpnrepro.data.crop.resize_bilinear`, TF's arithmetic, the same in both backends);
   flip and RandAugment operate on the 224 px uint8 image; one fused conversion to float in [-1, 1].
 * **RandAugment's geometric ops and Sharpness via OpenCV.** ``Rotate``, ``ShearX/Y``,
   ``TranslateX/YRel`` are one ``cv2.warpAffine`` with PIL's exact matrix, pixel-centre convention,
@@ -43,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpnrepro.data.crop import resize_bilinear, sample_distorted_box, torch_seeded_rng
 from dpnrepro.errors import DatasetError
 
 MODES = {1: "L", 3: "RGB"}
@@ -341,11 +346,17 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def inception_crop_params(height: int, width: int, scale=INCEPTION_SCALE, ratio=INCEPTION_RATIO):
+def inception_crop_params(height: int, width: int, scale=INCEPTION_SCALE, ratio=INCEPTION_RATIO,
+                          sampler: str = "torchvision"):
     """(top, left, height, width) from torchvision's own ``RandomResizedCrop`` sampler, given only the
     image size (read from the JPEG header): the same torch RNG draws in the same order as the PIL path,
-    so the same seed gives the same box (tested)."""
+    so the same seed gives the same box (tested). ``sampler="big_vision"``: TF's sampler
+    (:func:`dpnrepro.data.crop.sample_distorted_box`, its own aspect range 0.75-1.33; ``ratio`` unused)
+    from a generator seeded by one torch draw, as :class:`dpnrepro.data.crop.InceptionCrop` does."""
     from torchvision.transforms import RandomResizedCrop
+
+    if sampler == "big_vision":
+        return sample_distorted_box(height, width, torch_seeded_rng(), area_range=scale)
 
     shape_only = torch.empty(1, 1, 1).expand(1, height, width)  # no pixels: the sampler reads the size
     return tuple(RandomResizedCrop.get_params(shape_only, list(scale), list(ratio)))
@@ -422,8 +433,10 @@ def _convert_channels(pixels: torch.Tensor, channels: int) -> torch.Tensor:
     return pixels
 
 
-def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE) -> tuple[torch.Tensor, tuple | None]:
-    """Sample the inception crop from the header, then decode as little as needed.
+def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE,
+           sampler: str = "torchvision") -> tuple[torch.Tensor, tuple | None]:
+    """Sample the inception crop (``sampler``: see :func:`inception_crop_params`) from the header, then
+    decode as little as needed (never at reduced scale for ``big_vision``, whose resize does not antialias).
 
     Returns a uint8 HxWxC tensor and the crop box (top, left, height, width) in its pixel coordinates
     (fractional after a reduced-scale decode; None when ``crop`` is False). JPEG bytes at full scale go through ``torchvision.io.decode_jpeg``
@@ -431,6 +444,7 @@ def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE
     1/2-1/8 DCT scale through PIL's ``draft``; everything else (PNG, PIL images) through PIL.
     """
     channels = 1 if mode == "L" else 3
+    draft = sampler != "big_vision"
     if isinstance(image, (np.ndarray, torch.Tensor)):  # pre-decoded uint8 HxW(xC) pixels
         arr = np.asarray(image)
         pixels = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # memory-mapped stores are read-only
@@ -440,17 +454,17 @@ def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE
         if pixels.dtype != torch.uint8 or pixels.ndim != 3 or pixels.shape[2] != channels:
             raise DatasetError(f"pre-decoded image must be uint8 HxWx{channels}, got {tuple(pixels.shape)} "
                                f"{pixels.dtype}")
-        box = inception_crop_params(pixels.shape[0], pixels.shape[1], scale) if crop else None
+        box = inception_crop_params(pixels.shape[0], pixels.shape[1], scale, sampler=sampler) if crop else None
         return pixels, box
     data, where, image = _encoded(image)
     wh = jpeg_size(data) if data is not None else None
     if wh is None:  # PIL input, or not a (parsable) JPEG
         im = image if data is None else open_image(data)
-        box = inception_crop_params(im.size[1], im.size[0], scale) if crop else None
-        pixels, scale = _pil_pixels(im, mode, where, box, size)
+        box = inception_crop_params(im.size[1], im.size[0], scale, sampler=sampler) if crop else None
+        pixels, scale = _pil_pixels(im, mode, where, box if draft else None, size)
     else:
-        box = inception_crop_params(wh[1], wh[0], scale) if crop else None
-        if box is not None and draft_scale(box[3], box[2], size) > 1:
+        box = inception_crop_params(wh[1], wh[0], scale, sampler=sampler) if crop else None
+        if box is not None and draft and draft_scale(box[3], box[2], size) > 1:
             pixels, scale = _pil_pixels(open_image(data), mode, where, box, size)
         else:
             from torchvision.io import ImageReadMode, decode_jpeg
@@ -469,12 +483,16 @@ def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE
     return pixels, box
 
 
-def resized_crop(pixels: torch.Tensor, box: tuple[int, int, int, int], size: int) -> np.ndarray:
+def resized_crop(pixels: torch.Tensor, box: tuple[int, int, int, int], size: int,
+                 antialias: bool = True) -> np.ndarray:
     """Crop ``box`` = (top, left, height, width) of a uint8 HxWxC tensor and resize to ``size x size`` with
     antialiased bilinear (torch's uint8 channels-last kernel; matches PIL ``resize(BILINEAR)`` up to
     rounding) → contiguous uint8 HxWxC array. A fractional box (after a reduced-scale decode) goes
-    through PIL's ``resize(box=...)``, which resamples sub-pixel boxes exactly."""
+    through PIL's ``resize(box=...)``, which resamples sub-pixel boxes exactly. ``antialias=False``:
+    TF's bilinear resize (:func:`dpnrepro.data.crop.resize_bilinear`, integer boxes only)."""
     t, l, h, w = box
+    if not antialias:
+        return resize_bilinear(pixels[t : t + h, l : l + w].numpy(), size)
     if not all(isinstance(v, int) for v in box):
         from PIL import Image
 
@@ -503,16 +521,18 @@ class FastTrainTransform:
     """Train-time transform of ``input.backend: fast``: image (PIL, bytes, path or ``datasets`` dict) →
     float tensor (C, S, S) in [-1, 1]. Randomness: torch's global RNG for crop + flip, Python's ``random``
     for RandAugment — exactly the generators (and the order) of the PIL path, so
-    ``TransformedSplit``'s per-example seeding makes it deterministic per ``(index, seed)``."""
+    ``TransformedSplit``'s per-example seeding makes it deterministic per ``(index, seed)``.
+    ``crop_sampler``: ``torchvision`` or ``big_vision`` (``input.crop_sampler``)."""
 
     def __init__(self, size: int, channels: int, *, inception_crop: bool = True, flip: bool = True,
-                 randaug: str = "", crop_min_area: float = INCEPTION_SCALE[0]):
+                 randaug: str = "", crop_min_area: float = INCEPTION_SCALE[0], crop_sampler: str = "torchvision"):
         from torchvision.transforms import v2
 
         self.size, self.channels, self.mode = size, channels, MODES[channels]
         self.flip = flip
         self.crop = inception_crop or None
         self.scale = (crop_min_area, 1.0)
+        self.crop_sampler = crop_sampler
         self.resize_center = None if inception_crop else v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
         self.randaug = randaugment(randaug, size, channels) if randaug else None
 
@@ -520,8 +540,8 @@ class FastTrainTransform:
         import cv2
 
         if self.crop is not None:
-            pixels, box = decode(image, self.mode, self.size, scale=self.scale)
-            arr = resized_crop(pixels, box, self.size)
+            pixels, box = decode(image, self.mode, self.size, scale=self.scale, sampler=self.crop_sampler)
+            arr = resized_crop(pixels, box, self.size, antialias=self.crop_sampler != "big_vision")
         else:
             from PIL import Image
 
@@ -540,7 +560,8 @@ class FastTrainTransform:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(size={self.size}, channels={self.channels}, "
-                f"inception_crop={self.crop is not None}, flip={self.flip}, randaug={self.randaug})")
+                f"inception_crop={self.crop is not None}, crop_sampler={self.crop_sampler}, flip={self.flip}, "
+                f"randaug={self.randaug})")
 
 
 def undecoded(ds):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from dpnrepro.errors import DatasetError
+from dpnrepro.errors import DatasetError, UserError
 
 
 def build_transform(cfg: dict, train: bool):
@@ -37,15 +37,22 @@ def build_transform(cfg: dict, train: bool):
     if train and cfg.get("backend", "pil") == "fast":
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
-                                  crop_min_area=cfg.get("crop_min_area", 0.05))
+                                  crop_min_area=cfg.get("crop_min_area", 0.05),
+                                  crop_sampler=cfg.get("crop_sampler", "torchvision"))
         return v2.Compose([fast, *erase]) if erase else fast
     mode = {1: "L", 3: "RGB"}[cfg["channels"]]
     ops = [v2.Lambda(lambda im: im.convert(mode) if im.mode != mode else im)]
     if train:
         if cfg.get("inception_crop", True):
-            # big_vision's inception crop: area 5-100 % (DeiT: 8-100 %), aspect ratio 3/4-4/3.
+            # Inception crop, area 5-100 % (DeiT: 8-100 %): big_vision's (TF's sampler, aspect 0.75-1.33,
+            # bilinear without antialias; data/crop.py) or torchvision's (aspect 3/4-4/3, antialiased).
             scale = (cfg.get("crop_min_area", 0.05), 1.0)
-            ops.append(v2.RandomResizedCrop(size, scale=scale, ratio=(3 / 4, 4 / 3), antialias=True))
+            if cfg.get("crop_sampler", "torchvision") == "big_vision":
+                from dpnrepro.data.crop import InceptionCrop
+
+                ops.append(InceptionCrop(size, scale))
+            else:
+                ops.append(v2.RandomResizedCrop(size, scale=scale, ratio=(3 / 4, 4 / 3), antialias=True))
         else:
             ops += [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
         if cfg.get("flip", True):
@@ -119,11 +126,11 @@ class StepBatchSampler(torch.utils.data.Sampler):
 
 
 class HaloBatchSampler(StepBatchSampler):
-    """This rank's slice of the global batch plus, in front, the example just before it (cyclically).
+    """This rank's slice of the global batch plus, in front, the ``halo`` examples just before it (cyclically).
 
-    Mixup pairs example ``j`` of the global batch with example ``j - 1`` (big_vision rolls the batch by
-    one). With the neighbour loaded as a "halo", every micro-batch on every rank can be mixed exactly as
-    one process mixes the whole batch: the result does not depend on world size or accumulation.
+    Mixup pairs example ``j`` of the global batch with example ``j - halo`` (the batch rolled by
+    ``halo``). With those partners loaded in front, every micro-batch on every rank can be mixed exactly
+    as one process mixes the whole batch: the result does not depend on world size or accumulation.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
@@ -132,12 +139,21 @@ class HaloBatchSampler(StepBatchSampler):
                          rank=rank, world_size=world_size, repeats=repeats)
         self._global = StepBatchSampler(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
                                         repeats=repeats)
+        # The partner is `repeats` places back. big_vision rolls by one, but with repeated augmentation
+        # the copies of an image are adjacent, so a roll by one would mix r-1 of every r examples with
+        # another view of their own image (same label: no label mixing at all). Rolling by r pairs copy
+        # c of image k with copy c of image k-1, always another image once the batch holds >= 2r
+        # examples (the images of a batch are distinct); r = 1 keeps big_vision's roll by one.
+        if repeats > 1 and batch_size < 2 * repeats:
+            raise UserError(f"mixup / CutMix with input.repeated_aug {repeats} needs train.batch_size >= "
+                            f"{2 * repeats} (two distinct images), got {batch_size}")
+        self.halo = repeats
 
     def batch_for_step(self, step: int) -> list[tuple[int, int]]:
         full = self._global.batch_for_step(step)
         per_rank = self.batch_size // self.world_size
         lo = self.rank * per_rank
-        return [full[lo - 1]] + full[lo : lo + per_rank]
+        return [full[j % self.batch_size] for j in range(lo - self.halo, lo)] + full[lo : lo + per_rank]
 
 
 def multi_hot(ids, num_classes: int) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Turn a raw source into the prepared splits every stage reads: ``train``, ``minival`` and ``val``.
 
 The split protocol is the paper's (appendix C): train on ``train[:99%]``, select on the minival
-``train[99%:]``, report the official validation split. The result is a ``save_to_disk`` directory per
+``train[99%:]`` (a stratified random 1 %, as big_vision's slice of shuffled records; see
+:func:`stratified_holdout`), report the official validation split. Pretraining datasets
+(``eval_split: null``) get no validation split. The result is a ``save_to_disk`` directory per
 split plus ``manifest.json`` (counts, class balance, content hash), written atomically.
 """
 
@@ -39,19 +41,66 @@ def _subsample(n_total: int, n_keep: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(n_total, size=n_keep, replace=False))
 
 
+def primary_labels(ds) -> np.ndarray:
+    """The class each example is stratified by: its ``label``, or the first of its ``labels``."""
+    if "label" in ds.column_names:
+        return np.asarray(ds["label"], dtype=np.int64)
+    return np.asarray([ids[0] if len(ids) else -1 for ids in ds["labels"]], dtype=np.int64)
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split example indices into (kept, held out) with ``fraction`` of *every class* held out.
+
+    big_vision's ``train[99%:]`` slices TFDS's shuffled records, so its minival is a random 1 % that
+    covers every class. Slicing the source's own order instead breaks on class-sorted sources (an
+    ImageNet ``imagefolder`` lists its files class by class: the last ~10 classes would all go to
+    minival and never to training). Stratifying makes both splits cover every class in proportion,
+    whatever order the source returns: each class's examples are permuted with ``seed`` and the first
+    ones held out; the per-class counts are apportioned by largest remainder so that the total is
+    exactly ``round(fraction * n)`` (at least 1). Both index arrays are sorted (source order).
+    """
+    n = len(labels)
+    n_hold = max(1, int(round(n * fraction)))
+    classes, counts = np.unique(labels, return_counts=True)
+    quota = counts * (n_hold / n)
+    take = np.floor(quota).astype(np.int64)
+    for c in np.argsort(-(quota - take), kind="stable")[: n_hold - int(take.sum())]:
+        take[c] += 1
+    rng = np.random.default_rng(seed)
+    held = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take)]
+    held = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+    kept = np.setdiff1d(np.arange(n), held, assume_unique=True)
+    return kept, held
+
+
 def split_protocol(raw: dict, cfg: dict) -> dict:
-    """Apply train[:99%] / train[99%:] / validation and the configured subsampling."""
+    """train[:99%] / train[99%:] as a stratified random split (:func:`stratified_holdout`), the
+    official held-out split as ``val`` (none when ``eval_split`` is null), then the configured
+    seeded subsampling."""
     train_full = raw["train"]
-    n = len(train_full)
-    n_minival = max(1, int(round(n * cfg["minival_fraction"])))
-    head = train_full.select(range(n - n_minival))
-    minival = train_full.select(range(n - n_minival, n))
     seed = cfg["seed"]
-    return {
+    kept, held = stratified_holdout(primary_labels(train_full), cfg["minival_fraction"], seed)
+    head, minival = train_full.select(kept), train_full.select(held)
+    splits = {
         "train": head.select(_subsample(len(head), cfg["train_examples"], seed)),
         "minival": minival.select(_subsample(len(minival), cfg["minival_examples"], seed + 1)),
-        "val": raw["val"].select(_subsample(len(raw["val"]), cfg["val_examples"], seed + 2)),
     }
+    if "val" in raw:
+        splits["val"] = raw["val"].select(_subsample(len(raw["val"]), cfg["val_examples"], seed + 2))
+    return splits
+
+
+def warn_if_unbalanced(name: str, counts: list[int], ratio: float = 0.5) -> str | None:
+    """A one-line warning when a split misses a class or its rarest class has < ``ratio`` x the
+    examples of its most common one (returned, and printed); None when balanced."""
+    counts = np.asarray(counts)
+    lo, hi = int(counts.argmin()), int(counts.argmax())
+    if counts[lo] >= ratio * counts[hi] and counts[lo] > 0:
+        return None
+    msg = (f"warning: split {name!r} is not class-balanced: class {lo} has {counts[lo]} examples, class {hi} "
+           f"has {counts[hi]} ({len(counts)} classes, {int((counts == 0).sum())} empty)")
+    print(msg)
+    return msg
 
 
 def attach_label_sets(ds, cfg: dict):
@@ -136,7 +185,10 @@ def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
 def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
     """Prepare the configured dataset into ``out_dir``; returns the manifest."""
     out_dir = Path(out_dir)
-    raw = load_source(cfg["format"], cfg["source"], {"train": cfg["train_split"], "val": cfg["eval_split"]})
+    wanted = {"train": cfg["train_split"]}
+    if cfg.get("eval_split") is not None:
+        wanted["val"] = cfg["eval_split"]
+    raw = load_source(cfg["format"], cfg["source"], wanted)
     found = raw["train"].features.get("label")
     n_found = getattr(found, "num_classes", None)
     parents = cfg.get("label_parents")
@@ -153,8 +205,9 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
     if cfg.get("multi_label"):
         manifest["multi_label"] = True
     with atomic_dir(out_dir) as tmp:
-        for name in SPLITS:
+        for name in (s for s in SPLITS if s in splits):
             ds, stats = check_split(splits[name], name, cfg["num_classes"], cfg.get("skip_corrupt", False))
+            warn_if_unbalanced(name, stats["class_counts"][: len(parents) if parents is not None else None])
             ds.save_to_disk(str(tmp / name))
             manifest["splits"][name] = stats
             if name == "train" and cfg.get("pixel_store_side", 0) > 0:

@@ -141,3 +141,37 @@ def load_source(fmt: str, source: str, splits: dict[str, str]) -> dict:
             )
         out[name] = split
     return out
+
+
+def folder_name(class_id: int, name: str) -> str:
+    """A class folder name that sorts in class-id order and is a valid path component."""
+    return f"{class_id:02d}_" + "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def export_idx_as_imagefolder(source: str | os.PathLike, out: str | os.PathLike, *, per_class: dict[str, int],
+                              class_names=FASHION_MNIST_CLASSES) -> dict[str, int]:
+    """Write the first ``per_class[split]`` images of each class of an idx dataset as PNG files in the
+    ImageNet layout ``<out>/<split>/<NN_class>/<index>.png`` (0 = all); returns the counts per split.
+
+    This turns the bundled Fashion-MNIST into the layout every ImageNet user has (class folders, files
+    listed class by class), so the smoke profile runs the ``imagefolder`` path end to end.
+    """
+    from PIL import Image
+
+    out = Path(out)
+    written = {}
+    for split, n_per_class in per_class.items():
+        images, labels = load_idx(source, split)
+        counts = np.zeros(len(class_names), dtype=np.int64)
+        for d in range(len(class_names)):
+            (out / split / folder_name(d, class_names[d])).mkdir(parents=True, exist_ok=True)
+        for i in range(len(images)):
+            c = int(labels[i])
+            if n_per_class and counts[c] >= n_per_class:
+                continue
+            counts[c] += 1
+            # compress_level fixed: the same PNG bytes on every machine (DVC hashes them)
+            Image.fromarray(images[i]).save(out / split / folder_name(c, class_names[c]) / f"{i:05d}.png",
+                                            compress_level=6)
+        written[split] = int(counts.sum())
+    return written

@@ -29,18 +29,16 @@ def evaluate_top1(model: torch.nn.Module, ds, input_cfg: dict, *, batch_size: in
 def evaluate_run(run_path, prepared_dir, input_cfg: dict, *, splits=("minival", "val"), batch_size: int = 256,
                  device: str = "auto", progress: bool = True) -> dict:
     """Rebuild a trained run from its directory (spec + safetensors) and score it on ``splits``."""
-    import json
     from pathlib import Path
 
     from dpnrepro.data.loader import load_split
-    from dpnrepro.training.checkpoint import MODEL_FILE, load_weights
-    from dpnrepro.training.run import SPEC_FILE, SUMMARY_FILE
-    from dpnrepro.training.trainer import ModelSpec, pick_device
+    from dpnrepro.artifacts import load_run_model, read_summary
+    from dpnrepro.training.distributed import pick_device
 
     run_path = Path(run_path)
-    model = load_weights(ModelSpec.from_json(run_path / SPEC_FILE).build(), run_path / MODEL_FILE)
+    model = load_run_model(run_path)
     dev = pick_device(device)
-    summary = json.loads((run_path / SUMMARY_FILE).read_text())
+    summary = read_summary(run_path)
     scores = {
         split: evaluate_top1(model, load_split(prepared_dir, split), input_cfg, batch_size=batch_size,
                              device=dev, desc=f"eval {run_path.name} {split}", progress=progress)

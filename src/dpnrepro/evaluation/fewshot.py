@@ -5,9 +5,11 @@ The recipe, as in big_vision (``evaluators/fewshot_lsr.py`` with ``configs/commo
 1. Features are the model's ``pre_logits`` representation (big_vision: ``representation_layer=
    'pre_logits'``): the pooled, encoder-normed token after the pre-logits Dense + tanh when
    ``rep_size`` is on, i.e. ``model.forward_head(model.forward_features(x), pre_logits=True)``. They
-   are computed once for the whole train pool and the whole test split (eval preprocessing).
+   are computed once for the whole train pool and the whole test split, both preprocessed as
+   big_vision's few-shot evaluator does (:func:`fewshot_input`).
 2. For each draw ``seed`` in ``0 .. draws-1``: ``np.random.default_rng(seed)`` permutes, class by
    class, the train-pool indices of that class; the first ``shots`` of each are the few-shot train set.
+   The pool is a fixed subset of the train split (:func:`pool_indices`), the same for every draw.
 3. Features are whitened with the few-shot train set's per-feature mean and (population) standard
    deviation plus ``1e-5``; the test features with the same statistics.
 4. A constant feature of value 100 is appended (a bias that the L2 penalty hardly touches).
@@ -17,6 +19,14 @@ The recipe, as in big_vision (``evaluators/fewshot_lsr.py`` with ``configs/commo
 big_vision solves the ridge system through an eigendecomposition of ``X^T X`` (or ``X X^T`` when
 there are fewer examples than features) in float32; here the same system is solved directly in
 float64 (primal or dual form, whichever is smaller), which is the same solution up to rounding.
+
+Sources (google-research/big_vision): ``configs/common_fewshot.py`` at fa954352ca1c481c7279f6a31ce32a6b6ad12bff
+preprocesses train and test alike with ``decode|resize(256)|central_crop(224)|value_range(-1,1)``
+(``resize`` makes the image 256 x 256, not keeping the aspect ratio: ``pp/ops_image.py`` at
+4a12790a8696c0f6df6cf975a5839e52134f9f80, bilinear) and evaluates ImageNet on ``('imagenet2012',
+'train[:65000]', 'validation')``: a fixed pool of 65000 train images ("at least 30 shots per any
+class"). ``evaluators/fewshot_lsr.py`` at 1475d53dd8c4cae31aa4ae612b2c7bcd1555171e draws the shots from
+that pool, per seed one permutation per class (step 2; every shot count takes a prefix of it).
 """
 
 from __future__ import annotations
@@ -33,9 +43,12 @@ BIAS_CONSTANT = 100.0  # value of the appended bias feature (big_vision's BIAS_C
 STD_EPS = 1e-5  # added to the whitening standard deviation
 L2_REG = 2.0 ** 10  # big_vision's fixed few-shot ridge strength
 
+POOL_SEED = 0  # the seed of the fixed train pool (pool_indices)
+
 __all__ = [
-    "BIAS_CONSTANT", "STD_EPS", "L2_REG", "LinearProbe", "fit_lsr", "fewshot_lsr_accuracy", "draw_shots",
-    "extract_features", "fewshot_from_features", "evaluate_fewshot_run",
+    "BIAS_CONSTANT", "STD_EPS", "L2_REG", "POOL_SEED", "LinearProbe", "fit_lsr", "fewshot_lsr_accuracy",
+    "draw_shots", "pool_indices", "fewshot_input", "extract_features", "fewshot_from_features",
+    "evaluate_fewshot_run",
 ]
 
 
@@ -130,8 +143,40 @@ def draw_shots(labels: np.ndarray, shots: int, num_classes: int, seed: int) -> n
     return np.concatenate(per_class).astype(np.int64)
 
 
+def pool_indices(n: int, pool_size: int) -> np.ndarray:
+    """Sorted indices of the train pool: a fixed random subset of ``pool_size`` of the ``n`` train
+    examples (seeded by :data:`POOL_SEED`), all of them when ``pool_size`` is 0 or at least ``n``.
+
+    big_vision's pool is a prefix (``train[:65000]``) of TFDS's shuffled ImageNet records. Here a prefix
+    would not do: a prepared ``imagefolder`` split is ordered by class, so its first 65000 images hold
+    only the first ~50 classes; a seeded subset is, like TFDS's prefix, a fixed sample of all classes.
+    """
+    if pool_size < 0:
+        raise ValueError(f"pool_size must be >= 0 (0 = all), got {pool_size}")
+    if pool_size == 0 or pool_size >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(POOL_SEED).choice(n, size=pool_size, replace=False))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Features
+
+def fewshot_input(input_cfg: dict, resize: int) -> dict:
+    """``input_cfg`` with big_vision's few-shot preprocessing as its eval transform: resize to
+    ``resize`` x ``resize`` (aspect not kept), central crop to ``image_size``, value range [-1, 1].
+
+    The eval path of :func:`dpnrepro.data.loader.build_transform` resizes to ``eval_resize`` and then
+    crops; a ``(resize, resize)`` pair makes it a fixed-size resize. Pillow's bilinear filter smooths
+    when it shrinks (big_vision's ``resize`` does not antialias); torchvision rounds an odd crop margin
+    where big_vision floors it (no difference for 256 -> 224 or 32 -> 28).
+    """
+    from dpnrepro.errors import ParamsError
+
+    if resize < input_cfg["image_size"]:
+        raise ParamsError(f"fewshot.resize ({resize}) is smaller than input.image_size "
+                          f"({input_cfg['image_size']}); big_vision resizes to 256 and crops 224")
+    return {**input_cfg, "eval_resize": (resize, resize)}
+
 
 @torch.no_grad()
 def extract_features(model: torch.nn.Module, ds, transform_cfg: dict, batch_size: int = 256,
@@ -195,39 +240,36 @@ def _num_classes(ds, *label_arrays: np.ndarray) -> int:
 
 
 def evaluate_fewshot_run(run_path, prepared_dir, input_cfg: dict, *, shots: int | Sequence[int] = 25,
-                         draws: int = 3, train_split: str = "train", test_split: str = "val",
-                         train_examples: int | None = None, l2_reg: float = L2_REG, batch_size: int = 256,
+                         draws: int = 3, train_split: str = "train", test_split: str = "val", resize: int,
+                         pool_size: int = 0, l2_reg: float = L2_REG, batch_size: int = 256,
                          device: str = "auto", progress: bool = True) -> dict:
     """Rebuild a trained run (spec + safetensors) and measure its few-shot linear accuracy.
 
-    The train pool is ``train_split`` of the prepared data (its first ``train_examples`` examples when
-    given, as big_vision's ``train[:65000]`` for ImageNet), the test set is all of ``test_split``.
+    The train pool is ``pool_size`` examples of ``train_split`` of the prepared data
+    (:func:`pool_indices`; 0 = all, big_vision: 65000 for ImageNet), the test set is all of
+    ``test_split``; both preprocessed by :func:`fewshot_input` with ``resize``.
     Returns the run's summary keys plus, for each ``k`` in ``shots`` (percent):
     ``fewshot{k}_top1`` (mean over draws), ``fewshot{k}_top1_ci95`` and ``fewshot{k}_top1_draws``, and
     ``fewshot_draws``, ``fewshot_l2_reg``, ``fewshot_train_pool``, ``fewshot_test_examples``.
     """
-    import json
     from pathlib import Path
 
     from dpnrepro.data.loader import load_split
-    from dpnrepro.training.checkpoint import MODEL_FILE, load_weights
-    from dpnrepro.training.run import SPEC_FILE, SUMMARY_FILE
-    from dpnrepro.training.trainer import ModelSpec, pick_device
+    from dpnrepro.artifacts import load_run_model, read_summary
+    from dpnrepro.training.distributed import pick_device
 
     run_path = Path(run_path)
-    model = load_weights(ModelSpec.from_json(run_path / SPEC_FILE).build(), run_path / MODEL_FILE)
+    model = load_run_model(run_path)
     dev = pick_device(device)
-    summary = json.loads((run_path / SUMMARY_FILE).read_text())
+    summary = read_summary(run_path)
 
+    fewshot_cfg = fewshot_input(input_cfg, resize)
     train_ds = load_split(prepared_dir, train_split)
-    if train_examples is not None:
-        if train_examples < 1:
-            raise ValueError(f"train_examples must be positive, got {train_examples}")
-        train_ds = train_ds.select(range(min(train_examples, len(train_ds))))
+    train_ds = train_ds.select(pool_indices(len(train_ds), pool_size))
     test_ds = load_split(prepared_dir, test_split)
-    tr_x, tr_y = extract_features(model, train_ds, input_cfg, batch_size, dev, progress=progress,
+    tr_x, tr_y = extract_features(model, train_ds, fewshot_cfg, batch_size, dev, progress=progress,
                                   desc=f"features {run_path.name} {train_split}")
-    te_x, te_y = extract_features(model, test_ds, input_cfg, batch_size, dev, progress=progress,
+    te_x, te_y = extract_features(model, test_ds, fewshot_cfg, batch_size, dev, progress=progress,
                                   desc=f"features {run_path.name} {test_split}")
     num_classes = _num_classes(train_ds, tr_y, te_y)
     results = fewshot_from_features(tr_x, tr_y, te_x, te_y, num_classes, shots=shots, draws=draws, l2_reg=l2_reg)

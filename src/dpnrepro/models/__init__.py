@@ -1,6 +1,7 @@
 """ViT model family of the Dual PatchNorm reproduction (stems, LayerNorm placements, timm registry).
 
-Importing this package registers ``vit_<size>_patch<p>_{dpn,linear,conv}`` with timm.
+Importing this package (``import dpnrepro`` does) registers ``vit_<size>_patch<p>_{dpn,linear,conv}``
+with timm, so ``timm.create_model("vit_base_patch16_dpn", stem=..., placement=...)`` builds them.
 """
 from .vision_transformer_dpn import (
     ARCHS,
@@ -16,6 +17,7 @@ from .vision_transformer_dpn import (
     build_vit,
     conv_to_linear_weight,
     first_ln_scale_image,
+    init_weights_vit_dpn,
     parse_arch,
     posemb_sincos_2d,
     subln_init_gain,
@@ -23,6 +25,7 @@ from .vision_transformer_dpn import (
 
 __all__ = [
     'ARCHS', 'PLACEMENTS', 'POOLS', 'POSEMBS', 'STEMS', 'Affine', 'ArchSpec', 'Block', 'PatchEmbedStem',
-    'VisionTransformerDPN', 'build_vit', 'conv_to_linear_weight', 'first_ln_scale_image', 'parse_arch',
+    'VisionTransformerDPN', 'build_vit', 'conv_to_linear_weight', 'first_ln_scale_image', 'init_weights_vit_dpn',
+    'parse_arch',
     'posemb_sincos_2d', 'subln_init_gain',
 ]

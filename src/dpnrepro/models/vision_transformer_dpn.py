@@ -4,8 +4,8 @@
 
 One model family built on timm's :class:`~timm.models.vision_transformer.VisionTransformer`:
 
-* the stem (``stem=``) is a :class:`PatchEmbedStem` passed as timm's ``embed_layer``; it covers DPN
-  (eq. 4, ``x = LN(PE(LN(x)))``) and every stem ablation of Table 6;
+* the stem (``stem=``) is a :class:`PatchEmbedStem`, a timm ``PatchEmbed`` passed as ``embed_layer``; it
+  covers DPN (eq. 4, ``x = LN(PE(LN(x)))``) and every stem ablation of Table 6;
 * the transformer block (``placement=``) is a :class:`Block` passed as timm's ``block_fn``; it covers
   the nine pre/post/prepost LayerNorm placements of Sec. 4.1 / Fig. 1 plus NormFormer and Sub-LN;
 * the head follows big_vision: ``tok`` or ``gap`` pooling, optional ``pre_logits`` (Linear + tanh),
@@ -13,10 +13,14 @@ One model family built on timm's :class:`~timm.models.vision_transformer.VisionT
 
 Where timm and big_vision differ, big_vision (the code base of the paper) is followed: position
 embeddings are added to the patch tokens only (``no_embed_class=True``), the encoder norm comes before
-``gap`` pooling, ``drop_rate`` is the in-block/embedding dropout, and weights use big_vision's init.
-"""
-from __future__ import annotations
+``gap`` pooling, and weights use big_vision's init (timm's JAX init, see :func:`init_weights_vit_dpn`).
+Dropout arguments mean what they mean in timm: ``drop_rate`` is the head dropout, big_vision's
+``dropout`` is ``pos_drop_rate`` plus ``proj_drop_rate``.
 
+Models are built with ``timm.create_model("vit_base_patch16_dpn", stem=..., placement=...)`` (the
+entries are registered by importing :mod:`dpnrepro`); :func:`build_vit` maps ``"B/16"``-style names
+onto it.
+"""
 import math
 import re
 from collections import OrderedDict
@@ -25,18 +29,18 @@ from functools import partial
 from typing import Optional, Tuple, Type, Union
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+from torch.jit import Final
 
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.layers import Attention, DropPath, Format, LayerNorm, Mlp, lecun_normal_, to_2tuple
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.vision_transformer import VisionTransformer
+from timm.layers import Attention, DropPath, Format, LayerNorm, Mlp, PatchEmbed, lecun_normal_, to_2tuple
+from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, named_apply, register_model
+from timm.models.vision_transformer import VisionTransformer, init_weights_vit_jax
 
 __all__ = [
     'ArchSpec', 'ARCHS', 'STEMS', 'PLACEMENTS', 'POOLS', 'parse_arch', 'build_vit',
-    'PatchEmbedStem', 'Block', 'Affine', 'VisionTransformerDPN',
+    'PatchEmbedStem', 'Block', 'Affine', 'VisionTransformerDPN', 'init_weights_vit_dpn',
     'conv_to_linear_weight', 'first_ln_scale_image', 'subln_init_gain',
 ]  # register_model appends the registered entrypoints
 
@@ -135,10 +139,23 @@ def _stem_norm(stem: str, dim: int, **dd) -> nn.Module:
     return LayerNorm(dim, eps=_LN_EPS, **dd)
 
 
-class PatchEmbedStem(nn.Module):
-    """Patch embedding with the paper's stem variants; a drop-in ``embed_layer`` for timm's ViT.
+@torch.fx.wrap
+def _checked_input(x: Tensor, img_size: Tuple[int, int], patch_size: Tuple[int, int], strict: bool,
+                   pad: bool) -> Tensor:
+    """``x`` after checking its (H, W) against the stem's settings (ValueError); an FX leaf."""
+    H, W = x.shape[-2], x.shape[-1]
+    if strict and (H != img_size[0] or W != img_size[1]):
+        raise ValueError(f'input size ({H}, {W}) does not match the model img_size ({img_size[0]}, {img_size[1]})')
+    if not pad and (H % patch_size[0] != 0 or W % patch_size[1] != 0):
+        raise ValueError(
+            f'input size ({H}, {W}) is not divisible by patch size ({patch_size[0]}, {patch_size[1]})')
+    return x
 
-    ``conv`` is timm's Conv2d patch projection. Every other stem patchifies with einops,
+
+class PatchEmbedStem(PatchEmbed):
+    """timm's ``PatchEmbed`` with the paper's stem variants; a drop-in ``embed_layer`` for timm's ViT.
+
+    ``conv`` is timm's Conv2d patch projection. Every other stem patchifies as
     ``b c (h p1) (w p2) -> b (h w) (p1 p2 c)`` (patch row ``p1``, patch column ``p2``, channel ``c``
     fastest; the big_vision order of the paper's appendix B, so a pixel-space vector such as the
     first LN's scale reshapes to ``(p, p, c)`` for Fig. 3) and projects with ``proj = nn.Linear``.
@@ -148,8 +165,12 @@ class PatchEmbedStem(nn.Module):
     ``dpn``: LN, Linear, LN (eq. 4). ``pre``: LN, Linear. ``post``: Linear, LN. ``post_posemb``:
     Linear only (its LN is the model's ``norm_pre``). ``rmsnorm`` / ``no_learnable`` /
     ``only_learnable``: as ``dpn`` with both norms RMSNorm / LN without affine / :class:`Affine`.
+    Image/grid bookkeeping (``grid_size``, ``num_patches``, ``feat_ratio``, ``dynamic_feat_size``,
+    ``strict_img_size``, ``dynamic_img_pad``) is timm's; outputs are ``NLC`` or ``NHWC`` tokens.
     """
     output_fmt: Format
+    dynamic_img_pad: Final[bool]
+    patchify: Final[bool]
 
     def __init__(
             self,
@@ -158,76 +179,71 @@ class PatchEmbedStem(nn.Module):
             in_chans: int = 3,
             embed_dim: int = 768,
             stem: str = 'dpn',
-            bias: bool = True,
             norm_layer: Optional[Type[nn.Module]] = None,
             output_fmt: Optional[str] = None,
+            bias: bool = True,
             strict_img_size: bool = True,
             dynamic_img_pad: bool = False,
             device=None,
             dtype=None,
     ) -> None:
-        super().__init__()
         dd = {'device': device, 'dtype': dtype}
         _check_choice('stem', stem, STEMS)
         if norm_layer is not None:
             raise ValueError('PatchEmbedStem takes its norms from `stem`; embed_norm_layer is not supported')
         _check_choice('output_fmt', output_fmt, (None, 'NLC', 'NHWC'))
+        patchify = stem != 'conv'
+        super().__init__(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            output_fmt=output_fmt or 'NLC',
+            bias=bias,
+            strict_img_size=strict_img_size,
+            dynamic_img_pad=dynamic_img_pad,
+            # the Linear stems replace timm's Conv2d: build that one on meta (no memory, no RNG draws)
+            device='meta' if patchify else device,
+            dtype=dtype,
+        )
+        del self.norm  # timm's post-projection norm: ours are norm_in / norm_out
         self.stem = stem
-        self.patch_size = to_2tuple(patch_size)
-        self.img_size, self.grid_size, self.num_patches = self._init_img_size(img_size)
-        self.output_fmt = Format(output_fmt or 'NLC')
-        self.strict_img_size = strict_img_size
-        self.dynamic_img_pad = dynamic_img_pad
+        self.patchify = patchify
 
         ph, pw = self.patch_size
         patch_dim = ph * pw * in_chans
-        norm_in, norm_out = _STEM_NORMS[stem]
-        self.norm_in = _stem_norm(stem, patch_dim, **dd) if norm_in else nn.Identity()
-        if stem == 'conv':
-            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size,
-                                  bias=bias, **dd)
-        else:
+        has_norm_in, has_norm_out = _STEM_NORMS[stem]
+        self.norm_in = _stem_norm(stem, patch_dim, **dd) if has_norm_in else nn.Identity()
+        if self.patchify:
             self.proj = nn.Linear(patch_dim, embed_dim, bias=bias, **dd)
-        self.norm_out = _stem_norm(stem, embed_dim, **dd) if norm_out else nn.Identity()
+        self.norm_out = _stem_norm(stem, embed_dim, **dd) if has_norm_out else nn.Identity()
 
-    def _init_img_size(self, img_size):
-        img_size = to_2tuple(img_size)
-        if any(s % p for s, p in zip(img_size, self.patch_size)):
-            raise ValueError(f'img_size {img_size} is not divisible by patch size {self.patch_size}')
-        grid_size = tuple(s // p for s, p in zip(img_size, self.patch_size))
-        return img_size, grid_size, grid_size[0] * grid_size[1]
+    def _init_img_size(self, img_size: Union[int, Tuple[int, int]]):
+        if img_size is not None and any(s % p for s, p in zip(to_2tuple(img_size), self.patch_size)):
+            raise ValueError(f'img_size {tuple(to_2tuple(img_size))} is not divisible by patch size {self.patch_size}')
+        return super()._init_img_size(img_size)
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
-        """Change the expected image size (patch size changes are not supported)."""
-        if patch_size is not None and to_2tuple(patch_size) != self.patch_size:
-            raise NotImplementedError('PatchEmbedStem cannot change its patch size')
-        if img_size is not None:
-            self.img_size, self.grid_size, self.num_patches = self._init_img_size(img_size)
-
-    def feat_ratio(self, as_scalar: bool = True) -> Union[Tuple[int, int], int]:
-        return max(self.patch_size) if as_scalar else self.patch_size
-
-    def dynamic_feat_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
-        if self.dynamic_img_pad:
-            return math.ceil(img_size[0] / self.patch_size[0]), math.ceil(img_size[1] / self.patch_size[1])
-        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+        """Change the expected image size; a new patch size only for the ``conv`` stem (timm resamples)."""
+        if patch_size is not None and to_2tuple(patch_size) != self.patch_size and self.patchify:
+            raise NotImplementedError(f'the {self.stem!r} stem cannot change its patch size')
+        super().set_input_size(img_size=img_size, patch_size=patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, _, H, W = x.shape
         ph, pw = self.patch_size
-        if self.strict_img_size and (H, W) != tuple(self.img_size):
-            raise ValueError(f'input size {(H, W)} does not match the model img_size {tuple(self.img_size)}')
+        x = _checked_input(x, self.img_size, self.patch_size, self.strict_img_size, self.dynamic_img_pad)
         if self.dynamic_img_pad:
-            x = F.pad(x, (0, (pw - W % pw) % pw, 0, (ph - H % ph) % ph))
-        elif H % ph or W % pw:
-            raise ValueError(f'input size {(H, W)} is not divisible by patch size {self.patch_size}')
-        gh, gw = x.shape[-2] // ph, x.shape[-1] // pw
+            H, W = x.shape[-2], x.shape[-1]
+            x = nn.functional.pad(x, (0, (pw - W % pw) % pw, 0, (ph - H % ph) % ph))
+        B, C, H, W = x.shape
+        gh, gw = H // ph, W // pw
 
-        if isinstance(self.proj, nn.Conv2d):
-            x = self.proj(x).flatten(2).transpose(1, 2)
-        else:
-            x = rearrange(x, 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=ph, p2=pw)
+        if self.patchify:
+            # b c (h p1) (w p2) -> b (h w) (p1 p2 c), as reshapes (scriptable and FX-traceable)
+            x = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 3, 5, 1).reshape(B, gh * gw, ph * pw * C)
             x = self.proj(self.norm_in(x))
+        else:
+            x = self.proj(x).flatten(2).transpose(1, 2)
         x = self.norm_out(x)
         if self.output_fmt == Format.NHWC:
             x = x.reshape(B, gh, gw, x.shape[-1])
@@ -317,7 +333,6 @@ class Block(nn.Module):
             attn_layer: Union[str, Type[nn.Module]] = Attention,
             depth: int = 0,
             placement: str = 'pre-pre',
-            mlp_dim: Optional[int] = None,
             device=None,
             dtype=None,
     ) -> None:
@@ -355,7 +370,7 @@ class Block(nn.Module):
         self.norm2 = norm_if(mlp in ('pre', 'prepost'))
         self.mlp = mlp_layer(
             in_features=dim,
-            hidden_features=mlp_dim or int(round(dim * mlp_ratio)),
+            hidden_features=int(dim * mlp_ratio),
             act_layer=act_layer,
             norm_layer=norm_layer if placement in ('normformer', 'subln') else None,
             bias=proj_bias,
@@ -395,13 +410,29 @@ def _cfg(**kwargs) -> dict:
     }
 
 
+def init_weights_vit_dpn(module: nn.Module, name: str = '', head_bias: float = 0.0, needs_reset: bool = True) -> None:
+    """big_vision's ViT init of one module: timm's JAX init (:func:`init_weights_vit_jax`), except that
+    q, k and v are xavier-uniform each as its own D x D matrix and the Linear patch projection and
+    ``pre_logits.fc`` are lecun-normal (big_vision's Conv / Dense kernels), biases zero."""
+    if isinstance(module, nn.Linear) and (name.endswith('attn.qkv') or name in ('patch_embed.proj', 'pre_logits.fc')):
+        if name.endswith('attn.qkv'):
+            for w in module.weight.chunk(3, dim=0):
+                nn.init.xavier_uniform_(w)
+        else:
+            lecun_normal_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    else:
+        init_weights_vit_jax(module, name, head_bias=head_bias, needs_reset=needs_reset)
+
+
 class VisionTransformerDPN(VisionTransformer):
     """ViT with a selectable stem (Dual PatchNorm and its ablations) and LayerNorm placement.
 
     big_vision flavour of timm's VisionTransformer: position embeddings on patch tokens only, encoder
     norm before pooling (also for ``gap``), optional ``pre_logits`` (Linear + tanh), zero-init head.
-    ``drop_rate`` is the dropout after the position embedding, the attention output and inside and
-    after the MLP (big_vision ``dropout``); there is no dropout before the head.
+    Every other timm ``VisionTransformer`` argument is accepted and passed through (except
+    ``embed_layer`` / ``block_fn``, which ``stem`` / ``placement`` choose).
     """
 
     def __init__(
@@ -413,23 +444,46 @@ class VisionTransformerDPN(VisionTransformer):
             embed_dim: int = 768,
             depth: int = 12,
             num_heads: int = 12,
-            mlp_dim: int = 3072,
+            mlp_ratio: float = 4.,
             stem: str = 'dpn',
             placement: str = 'pre-pre',
             pool: str = 'tok',
             rep_size: Union[int, bool] = False,
             head_bias_init: float = 0.0,
-            drop_rate: float = 0.0,
-            drop_path_rate: float = 0.0,
             posemb: str = 'learn',
-            qkv_bias: bool = True,
+            drop_rate: float = 0.,
+            pos_drop_rate: float = 0.,
+            proj_drop_rate: float = 0.,
+            attn_drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+            weight_init: str = '',
             device=None,
             dtype=None,
+            **kwargs,
     ) -> None:
+        """
+        Args:
+            stem: patch embedding, one of :data:`STEMS` (see :class:`PatchEmbedStem`).
+            placement: LayerNorm placement in the blocks, one of :data:`PLACEMENTS` (see :class:`Block`).
+            pool: ``tok`` (class token) or ``gap`` (mean of the patch tokens, no class token).
+            rep_size: pre-logits Linear + tanh: False/0 none, True the width, an int that size.
+            head_bias_init: constant init of the head bias (head weight is zero).
+            posemb: ``learn`` or big_vision's fixed ``sincos2d`` (not trained).
+            drop_rate: head dropout (timm). big_vision's ``dropout`` is ``pos_drop_rate`` (after the
+                position embedding) plus ``proj_drop_rate`` (attention output, inside and after the MLP).
+            attn_drop_rate, drop_path_rate: attention dropout and stochastic depth (timm).
+            weight_init: ``''`` / ``'jax'`` big_vision's init (:meth:`init_weights`), ``'skip'`` none.
+            **kwargs: further arguments of timm's ``VisionTransformer`` (``qkv_bias``, ``reg_tokens``,
+                ``dynamic_img_size``, ``global_pool``, ...).
+        """
         _check_choice('stem', stem, STEMS)
         _check_choice('placement', placement, PLACEMENTS)
         _check_choice('pool', pool, POOLS)
         _check_choice('posemb', posemb, POSEMBS)
+        _check_choice('weight_init', weight_init, ('', 'jax', 'skip'))
+        for key, ours in (('embed_layer', 'stem'), ('block_fn', 'placement')):
+            if key in kwargs:
+                raise ValueError(f'{key} is chosen by `{ours}`; it cannot be passed to VisionTransformerDPN')
         if isinstance(rep_size, bool):
             rep = embed_dim if rep_size else 0
         elif isinstance(rep_size, int) and rep_size >= 0:
@@ -438,32 +492,35 @@ class VisionTransformerDPN(VisionTransformer):
             raise ValueError(f'rep_size must be a bool or a non-negative int, got {rep_size!r}')
         dd = {'device': device, 'dtype': dtype}
 
-        super().__init__(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            num_classes=num_classes,
+        vit_args = dict(
             global_pool='token' if pool == 'tok' else 'avg',
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_ratio=mlp_dim / embed_dim,
-            qkv_bias=qkv_bias,
             class_token=pool == 'tok',
             no_embed_class=True,
             pre_norm=stem == 'post_posemb',
             final_norm=True,
             fc_norm=False,
-            drop_rate=0.,
-            pos_drop_rate=drop_rate,
-            proj_drop_rate=drop_rate,
-            attn_drop_rate=0.,
+            norm_layer=LayerNorm,  # timm's LayerNorm, eps 1e-6 as flax
+            act_layer=nn.GELU,
+        )
+        vit_args.update(kwargs)
+        super().__init__(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            drop_rate=drop_rate,
+            pos_drop_rate=pos_drop_rate,
+            proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
             weight_init='skip',
             embed_layer=partial(PatchEmbedStem, stem=stem),
-            norm_layer=LayerNorm,  # timm's LayerNorm, eps 1e-6 as flax
-            act_layer=nn.GELU,
-            block_fn=partial(Block, placement=placement, mlp_dim=mlp_dim),
+            block_fn=partial(Block, placement=placement),
+            **vit_args,
             **dd,
         )
         self.stem = stem
@@ -472,7 +529,7 @@ class VisionTransformerDPN(VisionTransformer):
         self.rep_size = rep
         self.head_bias_init = float(head_bias_init)
         self.posemb = posemb
-        if posemb == 'sincos2d':
+        if posemb == 'sincos2d' and self.pos_embed is not None:
             self.pos_embed.requires_grad_(False)  # fixed, not trained (kept a parameter for state dicts)
 
         self.head_hidden_size = rep or embed_dim
@@ -485,50 +542,31 @@ class VisionTransformerDPN(VisionTransformer):
                 self.head = nn.Linear(rep, num_classes, **dd)
         else:
             self.pre_logits = nn.Identity()
-        self.init_weights()
+        self.weight_init_mode = 'jax'
+        if weight_init != 'skip':
+            self.init_weights(needs_reset=False)
 
     @torch.no_grad()
     def init_weights(self, mode: str = '', needs_reset: bool = True) -> None:
-        """big_vision's ViT init, for every parameter of the model.
+        """big_vision's ViT init, for every parameter of the model (``mode``: ``''`` or ``'jax'``).
 
-        Attention q/k/v and output projections and MLP weights: xavier-uniform (q, k and v each as
-        its own D x D matrix); patch projection (conv or linear) and ``pre_logits``: lecun-normal;
-        biases zero except MLP biases ~ N(0, 1e-6); norms: scale 1, shift 0; position embedding
-        ~ N(0, 1/D); class token zero; head weight zero and bias ``head_bias_init``. For ``subln`` the
-        v, attention-output and MLP weights are then multiplied by :func:`subln_init_gain`.
-        ``mode`` / ``needs_reset`` exist for timm compatibility; only the default mode is supported.
+        Modules: :func:`init_weights_vit_dpn` (timm's JAX init: xavier-uniform Linear, MLP biases
+        ~ N(0, 1e-6), other biases zero, lecun-normal conv, reset norms, zero head weight and bias
+        ``head_bias_init``; q/k/v, Linear patch projection and ``pre_logits`` as big_vision). Position
+        embedding ~ N(0, 1/D) (or the fixed sin-cos table), class token zero. For ``subln`` the v,
+        attention-output and MLP weights are then multiplied by :func:`subln_init_gain`.
         """
-        _check_choice('init mode', mode, ('', 'big_vision'))
-        for name, m in self.named_modules():
-            if name == 'head':
-                continue
-            if isinstance(m, nn.Linear):
-                if name.endswith('attn.qkv'):
-                    for w in m.weight.chunk(3, dim=0):
-                        nn.init.xavier_uniform_(w)
-                elif name in ('patch_embed.proj', 'pre_logits.fc'):
-                    lecun_normal_(m.weight)
-                else:
-                    nn.init.xavier_uniform_(m.weight)
-                if m.bias is not None:
-                    if '.mlp.' in name:
-                        nn.init.normal_(m.bias, std=1e-6)
-                    else:
-                        nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):
-                lecun_normal_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.LayerNorm, nn.RMSNorm, Affine)):
-                m.reset_parameters()
+        _check_choice('weight init mode', mode or self.weight_init_mode, ('jax',))
+        named_apply(partial(init_weights_vit_dpn, head_bias=self.head_bias_init, needs_reset=needs_reset), self)
         if self.pos_embed is not None:
-            if getattr(self, 'posemb', 'learn') == 'sincos2d':
+            if self.posemb == 'sincos2d':
                 self.pos_embed.copy_(posemb_sincos_2d(*self.patch_embed.grid_size, self.embed_dim))
             else:
                 nn.init.normal_(self.pos_embed, std=self.embed_dim ** -0.5)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        self._init_head()
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         if self.placement == 'subln':
             gain = subln_init_gain(len(self.blocks))
             for blk in self.blocks:
@@ -536,6 +574,8 @@ class VisionTransformerDPN(VisionTransformer):
                 blk.attn.proj.weight.mul_(gain)
                 blk.mlp.fc1.weight.mul_(gain)
                 blk.mlp.fc2.weight.mul_(gain)
+        if self.fix_init:
+            self.fix_init_weight()
 
     @torch.no_grad()
     def _init_head(self) -> None:
@@ -551,6 +591,26 @@ class VisionTransformerDPN(VisionTransformer):
                                   dtype=self.head.weight.dtype)
         self._init_head()
 
+    def prune_intermediate_layers(
+            self,
+            indices: Union[int, list] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> list:
+        """timm's pruning for feature extraction; pruning the head also drops ``pre_logits``."""
+        take_indices = super().prune_intermediate_layers(indices, prune_norm=prune_norm, prune_head=prune_head)
+        if prune_head:
+            self.pre_logits = nn.Identity()
+            self.head_hidden_size = self.embed_dim
+        return take_indices
+
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        """timm's resize (position embeddings resampled); a ``sincos2d`` table is recomputed instead."""
+        super().set_input_size(img_size=img_size, patch_size=patch_size)
+        if self.posemb == 'sincos2d' and self.pos_embed is not None:
+            with torch.no_grad():
+                self.pos_embed.copy_(posemb_sincos_2d(*self.patch_embed.grid_size, self.embed_dim))
+
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         x = self.pool(x)
         x = self.fc_norm(x)
@@ -559,56 +619,22 @@ class VisionTransformerDPN(VisionTransformer):
         return x if pre_logits else self.head(x)
 
 
-def build_vit(
-        arch: str,
-        *,
-        stem: str = 'dpn',
-        placement: str = 'pre-pre',
-        num_classes: int = 1000,
-        img_size: int = 224,
-        in_chans: int = 3,
-        pool: str = 'tok',
-        rep_size: Union[int, bool] = False,
-        head_bias_init: float = 0.0,
-        drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        posemb: str = 'learn',
-) -> VisionTransformerDPN:
-    """Build the ViT ``arch`` (``"<size>/<patch>"``, e.g. ``"B/16"``) with the given stem and placement.
+def build_vit(arch: str, *, stem: str = 'dpn', **kwargs) -> VisionTransformerDPN:
+    """``timm.create_model`` for ``arch`` (``"<size>/<patch>"``, e.g. ``"B/16"``, any patch size).
 
-    ``pool``: ``tok`` (class token) or ``gap`` (mean of the tokens, no class token). ``rep_size``:
-    False/0 no pre-logits, True the width, int that size. ``drop_rate``: big_vision's ``dropout``
-    (embedding, attention output and MLP dropout, not head dropout as in timm). ``posemb``: ``learn``
-    or big_vision's fixed ``sincos2d`` (S/16+ recipe). Unknown names and an
-    ``img_size`` not divisible by the patch size raise ValueError.
+    Uses the registered entry of that size and stem (``"B/16"``, ``stem="dpn"`` ->
+    ``vit_base_patch16_dpn``; the Table 6 ablation stems use the ``_dpn`` entry; an unregistered patch
+    size overrides ``patch_size`` of an entry of that size). ``kwargs`` are
+    :class:`VisionTransformerDPN`'s (``placement``, ``pool``, ``img_size``, ``num_classes``,
+    ``pos_drop_rate``, ...). Unknown names and an ``img_size`` not divisible by the patch raise ValueError.
     """
-    spec, patch = parse_arch(arch)
+    _, patch = parse_arch(arch)
     _check_choice('stem', stem, STEMS)
-    _check_choice('placement', placement, PLACEMENTS)
-    _check_choice('pool', pool, POOLS)
-    if img_size % patch:
-        raise ValueError(f'img_size {img_size} is not divisible by the patch size {patch} of arch {arch!r}')
-    model = VisionTransformerDPN(
-        img_size=img_size,
-        patch_size=patch,
-        in_chans=in_chans,
-        num_classes=num_classes,
-        embed_dim=spec.width,
-        depth=spec.depth,
-        num_heads=spec.heads,
-        mlp_dim=spec.mlp_dim,
-        stem=stem,
-        placement=placement,
-        pool=pool,
-        rep_size=rep_size,
-        head_bias_init=head_bias_init,
-        drop_rate=drop_rate,
-        drop_path_rate=drop_path_rate,
-        posemb=posemb,
-    )
-    # data config for timm.data.resolve_data_config (big_vision's value_range(-1, 1) normalisation)
-    model.pretrained_cfg = model.default_cfg = _cfg(num_classes=num_classes, input_size=(in_chans, img_size, img_size))
-    return model
+    size = arch.strip().split('/')[0]
+    bases = [b for b, a in _REGISTERED_ARCHS.items() if a.split('/')[0] == size]
+    base = next((b for b in bases if _REGISTERED_ARCHS[b] == f'{size}/{patch}'), bases[0])
+    name = f'{base}_{stem if stem in _REGISTERED_STEMS else "dpn"}'
+    return create_model(name, stem=stem, patch_size=patch, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -630,24 +656,163 @@ default_cfgs = generate_default_cfgs({
     f'{base}_{stem}': _cfg() for base in _REGISTERED_ARCHS for stem in _REGISTERED_STEMS})
 
 
-def _create_vit_dpn(variant: str, arch: str, pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+def _arch_args(arch: str) -> dict:
     spec, patch = parse_arch(arch)
-    model_args = dict(patch_size=patch, embed_dim=spec.width, depth=spec.depth, num_heads=spec.heads,
-                      mlp_dim=spec.mlp_dim)
-    return build_model_with_cfg(VisionTransformerDPN, variant, pretrained, **dict(model_args, **kwargs))
+    return dict(patch_size=patch, embed_dim=spec.width, depth=spec.depth, num_heads=spec.heads,
+                mlp_ratio=spec.mlp_dim / spec.width)
 
 
-def _make_entrypoint(name: str, arch: str, stem: str):
-    def entrypoint(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
-        return _create_vit_dpn(name, arch, pretrained=pretrained, **dict(dict(stem=stem), **kwargs))
+def _create_vit_dpn(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(
+        VisionTransformerDPN,
+        variant,
+        pretrained,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        **kwargs,
+    )
 
-    entrypoint.__name__ = entrypoint.__qualname__ = name
-    entrypoint.__doc__ = f'ViT-{arch} with the {stem!r} stem (no pretrained weights).'
-    return entrypoint
 
+@register_model
+def vit_mu_patch4_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-Mu/4, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('Mu/4'), stem='dpn')
+    return _create_vit_dpn('vit_mu_patch4_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
 
-for _base, _arch in _REGISTERED_ARCHS.items():
-    for _stem in _REGISTERED_STEMS:
-        _name = f'{_base}_{_stem}'
-        globals()[_name] = register_model(_make_entrypoint(_name, _arch, _stem))
-del _base, _arch, _stem, _name
+@register_model
+def vit_mu_patch4_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-Mu/4, Linear patch stem."""
+    model_args = dict(_arch_args('Mu/4'), stem='linear')
+    return _create_vit_dpn('vit_mu_patch4_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_mu_patch4_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-Mu/4, Conv2d patch stem."""
+    model_args = dict(_arch_args('Mu/4'), stem='conv')
+    return _create_vit_dpn('vit_mu_patch4_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_tiny_patch16_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-Ti/16, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('Ti/16'), stem='dpn')
+    return _create_vit_dpn('vit_tiny_patch16_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_tiny_patch16_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-Ti/16, Linear patch stem."""
+    model_args = dict(_arch_args('Ti/16'), stem='linear')
+    return _create_vit_dpn('vit_tiny_patch16_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_tiny_patch16_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-Ti/16, Conv2d patch stem."""
+    model_args = dict(_arch_args('Ti/16'), stem='conv')
+    return _create_vit_dpn('vit_tiny_patch16_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_small_patch16_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-S/16, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('S/16'), stem='dpn')
+    return _create_vit_dpn('vit_small_patch16_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_small_patch16_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-S/16, Linear patch stem."""
+    model_args = dict(_arch_args('S/16'), stem='linear')
+    return _create_vit_dpn('vit_small_patch16_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_small_patch16_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-S/16, Conv2d patch stem."""
+    model_args = dict(_arch_args('S/16'), stem='conv')
+    return _create_vit_dpn('vit_small_patch16_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_small_patch32_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-S/32, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('S/32'), stem='dpn')
+    return _create_vit_dpn('vit_small_patch32_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_small_patch32_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-S/32, Linear patch stem."""
+    model_args = dict(_arch_args('S/32'), stem='linear')
+    return _create_vit_dpn('vit_small_patch32_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_small_patch32_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-S/32, Conv2d patch stem."""
+    model_args = dict(_arch_args('S/32'), stem='conv')
+    return _create_vit_dpn('vit_small_patch32_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_base_patch16_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-B/16, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('B/16'), stem='dpn')
+    return _create_vit_dpn('vit_base_patch16_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_base_patch16_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-B/16, Linear patch stem."""
+    model_args = dict(_arch_args('B/16'), stem='linear')
+    return _create_vit_dpn('vit_base_patch16_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_base_patch16_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-B/16, Conv2d patch stem."""
+    model_args = dict(_arch_args('B/16'), stem='conv')
+    return _create_vit_dpn('vit_base_patch16_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_base_patch32_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-B/32, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('B/32'), stem='dpn')
+    return _create_vit_dpn('vit_base_patch32_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_base_patch32_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-B/32, Linear patch stem."""
+    model_args = dict(_arch_args('B/32'), stem='linear')
+    return _create_vit_dpn('vit_base_patch32_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_base_patch32_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-B/32, Conv2d patch stem."""
+    model_args = dict(_arch_args('B/32'), stem='conv')
+    return _create_vit_dpn('vit_base_patch32_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_large_patch16_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-L/16, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('L/16'), stem='dpn')
+    return _create_vit_dpn('vit_large_patch16_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_large_patch16_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-L/16, Linear patch stem."""
+    model_args = dict(_arch_args('L/16'), stem='linear')
+    return _create_vit_dpn('vit_large_patch16_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_large_patch16_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-L/16, Conv2d patch stem."""
+    model_args = dict(_arch_args('L/16'), stem='conv')
+    return _create_vit_dpn('vit_large_patch16_conv', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_huge_patch14_dpn(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-H/14, Dual PatchNorm stem (LN, Dense, LN)."""
+    model_args = dict(_arch_args('H/14'), stem='dpn')
+    return _create_vit_dpn('vit_huge_patch14_dpn', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_huge_patch14_linear(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-H/14, Linear patch stem."""
+    model_args = dict(_arch_args('H/14'), stem='linear')
+    return _create_vit_dpn('vit_huge_patch14_linear', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def vit_huge_patch14_conv(pretrained: bool = False, **kwargs) -> VisionTransformerDPN:
+    """ViT-H/14, Conv2d patch stem."""
+    model_args = dict(_arch_args('H/14'), stem='conv')
+    return _create_vit_dpn('vit_huge_patch14_conv', pretrained=pretrained, **dict(model_args, **kwargs))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpnrepro.config import Params, get_sweep, sweep_config
+from dpnrepro.config import SWEEPS, Params, get_sweep, sweep_config
 from dpnrepro.data.prepare import PREPARED, load_manifest
 from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
@@ -25,11 +25,12 @@ def recipe_text(params: Params, sweep: str) -> str:
            f"repeats {i.repeated_aug}" if i.repeated_aug > 1 else "",
            f"stoch. depth {m.stoch_depth:g}" if m.stoch_depth else "", f"dropout {m.dropout:g}" if m.dropout else ""]
     aug = [a for a in aug if a]
-    init = f"; fine-tuned from `{sw.recipe.init_from}`" if sw.recipe.init_from else ""
+    definition = SWEEPS[sweep]
+    init = f"; fine-tuned from `{definition.init_from}`" if definition.init_from else ""
     data = ""
-    if sw.recipe.dataset != "data":
+    if definition.dataset != "data":
         d = c.data
-        data = (f"; trained on `{sw.recipe.dataset}`: {d.name} ({'multi-label, ' if d.multi_label else ''}"
+        data = (f"; trained on `{definition.dataset}`: {d.name} ({'multi-label, ' if d.multi_label else ''}"
                 f"{d.num_classes} classes)")
     return text + (f"; {', '.join(aug)}" if aug else "; no augmentation beyond crop/flip") + init + data
 

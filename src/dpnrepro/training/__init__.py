@@ -1,0 +1,1 @@
+"""Training: the trainer, optimizers and losses, checkpoints, distributed execution, fine-tuning."""

@@ -19,55 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dpnrepro.artifacts import MODEL_FILE, load_weights, save_weights
 from dpnrepro.errors import CheckpointError
 from dpnrepro.io import atomic_dir, write_json_atomic
-
-MODEL_FILE = "model.safetensors"
-
-
-def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None = None) -> None:
-    """Save a model's state dict as safetensors (atomically); ``metadata`` goes in the header."""
-    path = Path(path)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(state, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
-    tmp.replace(path)
-
-
-def state_mismatch(own: dict, state: dict, skip=(), any_shape=()) -> str | None:
-    """What keeps ``state`` from loading into a model whose state dict is ``own`` (None if nothing):
-    missing or unexpected keys, or a shape difference. ``skip`` keys are ignored; ``any_shape`` keys may
-    differ in shape (e.g. position embeddings that get resampled)."""
-    missing = sorted(k for k in own if k not in state and k not in skip)
-    unexpected = sorted(k for k in state if k not in own and k not in skip)
-    wrong = sorted(k for k in set(own) & set(state)
-                   if k not in skip and k not in any_shape and own[k].shape != state[k].shape)
-    if missing:
-        return f"missing {missing[:3]}"
-    if unexpected:
-        return f"unexpected {unexpected[:3]}"
-    if wrong:
-        return f"shape of {wrong[0]} is {tuple(state[wrong[0]].shape)}, model has {tuple(own[wrong[0]].shape)}"
-    return None
-
-
-def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
-    """Load safetensors weights, refusing a checkpoint of another architecture with a clear message."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist; train it first (`dvc repro`) or `dvc pull` it")
-    if path.suffix != ".safetensors":
-        raise CheckpointError(f"refusing to load {path}: only .safetensors checkpoints are accepted")
-    state = load_file(str(path))
-    detail = state_mismatch(model.state_dict(), state)
-    if detail:
-        raise CheckpointError(
-            f"checkpoint {path} does not match this architecture ({detail}); "
-            "check the arch/stem/placement it was trained with"
-        )
-    model.load_state_dict(state)
-    return model
-
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
     sd = opt.state_dict()

@@ -8,7 +8,7 @@ starts the processes and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and the 
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d \\
              --rdzv-endpoint=HOST:29500 --rdzv-id=JOB stages/train.py ...            # 4 nodes x 8 GPUs
 
-``train.devices`` must equal the number of processes (WORLD_SIZE); the recipe's ``train.batch_size``
+``runtime.devices`` must equal the number of processes (WORLD_SIZE); the recipe's ``train.batch_size``
 and ``train.steps`` stay the global batch and the number of optimizer steps whatever the world size;
 each process computes ``batch_size / (world_size * accum_steps)`` examples per micro-step.
 Checkpoints hold full tensors (written by rank 0) and need a filesystem shared by all nodes.
@@ -16,7 +16,7 @@ Checkpoints hold full tensors (written by rank 0) and need a filesystem shared b
 Determinism (CPU, gloo): a given layout (world size, accum_steps, ddp/fsdp) is bit-reproducible, and
 resuming it after a crash gives bit-identical weights (tested with 2 processes). Other layouts give
 the same run up to float rounding (the global-batch gradient is summed in another order): same
-batches, augmentations and mixup partners (each rank loads the neighbour its first example mixes with),
+batches, augmentations and mixup partners (each rank loads the examples its first ones mix with),
 and the same dropout masks when the micro-batch size is the same. On GPUs bf16 autocast, NCCL
 reductions and some kernels are not bit-reproducible. With more than 2 processes DDP's gradient
 bucket layout after a resume may sum in another order than the uninterrupted run (not tested).
@@ -58,6 +58,11 @@ def env_world() -> tuple[int, int, int]:
             int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def pick_device(name: str) -> torch.device:
+    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun)."""
+    return resolve_device(name, env_world()[2])
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``train.device`` (auto/cpu/cuda) → this process's device (``cuda:LOCAL_RANK`` on GPUs)."""
     if name == "auto":
@@ -72,21 +77,21 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def check_layout(train_cfg, world_size: int) -> int:
-    """Check ``train.devices`` against WORLD_SIZE and the batch split; returns the per-process micro-batch."""
-    if train_cfg.devices != world_size:
+def check_layout(batch_size: int, runtime, world_size: int) -> int:
+    """Check ``runtime.devices`` against WORLD_SIZE and the batch split; returns the per-process micro-batch."""
+    if runtime.devices != world_size:
         raise UserError(
-            f"train.devices is {train_cfg.devices} but this job has {world_size} process(es) (WORLD_SIZE); "
-            f"launch with `torchrun --nproc_per_node=<GPUs per node> --nnodes=<nodes>` giving {train_cfg.devices} "
-            f"processes in all, or set train.devices: {world_size}"
+            f"runtime.devices is {runtime.devices} but this job has {world_size} process(es) (WORLD_SIZE); "
+            f"launch with `torchrun --nproc_per_node=<GPUs per node> --nnodes=<nodes>` giving {runtime.devices} "
+            f"processes in all, or set runtime.devices: {world_size}"
         )
-    split = world_size * train_cfg.accum_steps
-    if train_cfg.batch_size % split:
+    split = world_size * runtime.accum_steps
+    if batch_size % split:
         raise UserError(
-            f"train.batch_size ({train_cfg.batch_size}) is not divisible by world_size x accum_steps "
-            f"({world_size} x {train_cfg.accum_steps} = {split}); change train.batch_size or train.accum_steps"
+            f"train.batch_size ({batch_size}) is not divisible by world_size x accum_steps "
+            f"({world_size} x {runtime.accum_steps} = {split}); change train.batch_size or runtime.accum_steps"
         )
-    return train_cfg.batch_size // split
+    return batch_size // split
 
 
 def current() -> DistContext | None:

@@ -19,25 +19,12 @@ from pathlib import Path
 import torch
 
 from dpnrepro.errors import CheckpointError
-from dpnrepro.training.checkpoint import state_mismatch
+from dpnrepro.artifacts import MODEL_FILE, ModelSpec, read_spec, read_weights, state_mismatch
 
 HEAD_KEYS = ("head.weight", "head.bias")
 POSEMB_KEY = "pos_embed"
 
-__all__ = ["HEAD_KEYS", "POSEMB_KEY", "init_from_pretrained", "finetune_model_from_run"]
-
-
-def _read_state(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    if not path.exists():
-        raise CheckpointError(f"pretrained weights {path} do not exist; train the run first (`dvc repro`) or `dvc pull` it")
-    if path.suffix != ".safetensors":
-        raise CheckpointError(f"refusing to load {path}: only .safetensors checkpoints are accepted")
-    try:
-        return load_file(str(path))
-    except Exception as exc:  # truncated / not a safetensors file
-        raise CheckpointError(f"cannot read pretrained weights {path} ({type(exc).__name__}: {exc})") from exc
+__all__ = ["HEAD_KEYS", "POSEMB_KEY", "init_from_pretrained", "finetune_model_from_run", "pretrained_init"]
 
 
 def _grid_of(model: torch.nn.Module) -> tuple[int, int]:
@@ -75,7 +62,7 @@ def init_from_pretrained(model: torch.nn.Module, weights_path: str | Path, *,
     :class:`CheckpointError` (one line).
     """
     path = Path(weights_path)
-    state = _read_state(path)
+    state = read_weights(path)
     own = model.state_dict()
     skip = set(HEAD_KEYS) if reinit_head else set()
     # Fixed sin-cos position embeddings (posemb="sincos2d") are a function of the grid, not learned:
@@ -123,17 +110,30 @@ def finetune_model_from_run(run_dir: str | Path, *, reinit_head: bool = True, **
     ``num_classes=37``, ``head_bias_init=0.0``, ``drop_path_rate=0.1``) is built, then initialised from
     the run's ``model.safetensors`` with :func:`init_from_pretrained`.
     """
-    from dpnrepro.training.checkpoint import MODEL_FILE
-    from dpnrepro.training.run import SPEC_FILE
-    from dpnrepro.training.trainer import ModelSpec
-
     run_dir = Path(run_dir)
-    if not (run_dir / SPEC_FILE).exists():
-        raise CheckpointError(f"{run_dir} has no {SPEC_FILE}; is it a run directory (`runs/<sweep>/<run>`)?")
-    spec = ModelSpec.from_json(run_dir / SPEC_FILE)
+    spec: ModelSpec = read_spec(run_dir)
     unknown = sorted(set(spec_overrides) - set(asdict(spec)))
     if unknown:
         raise ValueError(f"unknown model spec field(s) {unknown}; expected some of {sorted(asdict(spec))}")
     spec = replace(spec, **spec_overrides)
     model = init_from_pretrained(spec.build(), run_dir / MODEL_FILE, reinit_head=reinit_head)
     return model, spec
+
+
+class pretrained_init:
+    """Initialise a fine-tuning model from a pretrained run directory (positions resized, head
+    re-initialised): the trainer's ``init``. A class rather than a closure so that its ``repr`` (a hash
+    of the pretrained weights) joins the run fingerprint."""
+
+    def __init__(self, pretrained_run: str | Path):
+        self.weights = Path(pretrained_run) / MODEL_FILE
+        if not self.weights.exists():
+            raise CheckpointError(f"fine-tuning needs the pretrained run {pretrained_run}; run its train stage first")
+
+    def __call__(self, model):
+        return init_from_pretrained(model, self.weights)
+
+    def __repr__(self) -> str:
+        import hashlib
+
+        return f"pretrained:{hashlib.sha256(self.weights.read_bytes()).hexdigest()[:16]}"

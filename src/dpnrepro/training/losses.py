@@ -39,22 +39,25 @@ def targets_of(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -
 
 
 def mixup(images: torch.Tensor, targets: torch.Tensor, alpha: float, seed: int, step: int, *,
-          cutmix: float = 0.0, switch_prob: float = 0.5):
-    """Mix each example with its neighbour (the batch rolled by one), one draw per batch.
+          cutmix: float = 0.0, switch_prob: float = 0.5, shift: int = 1):
+    """Mix each example with the one ``shift`` places before it (the batch rolled by ``shift``: big_vision
+    rolls by one; with repeated augmentation the trainer rolls by the repeat count, see
+    :class:`dpnrepro.data.loader.HaloBatchSampler`), one draw per batch.
 
     big_vision's mixup (``alpha`` > 0): pixels and targets blended with a ratio from Beta(alpha, alpha).
     DeiT's CutMix (``cutmix`` > 0, timm's "batch" mode): a box of area fraction 1 − λ, λ ~ Beta(cutmix,
-    cutmix), is pasted from the neighbour and the targets are mixed by the exact pasted area. With both
+    cutmix), is pasted from the partner and the targets are mixed by the exact pasted area. With both
     on, each batch uses CutMix with probability ``switch_prob``, as DeiT does. Every draw depends only
     on (seed, step), so a resumed run mixes exactly as an uninterrupted one.
     """
     if alpha <= 0 and cutmix <= 0:
         return images, targets
     rng = np.random.default_rng([seed, step])
+    partners, partner_targets = images.roll(shift, 0), targets.roll(shift, 0)
     use_cutmix = cutmix > 0 and (alpha <= 0 or rng.random() < switch_prob)
     if not use_cutmix:
         lam = float(rng.beta(alpha, alpha))
-        return lam * images + (1 - lam) * images.roll(1, 0), lam * targets + (1 - lam) * targets.roll(1, 0)
+        return lam * images + (1 - lam) * partners, lam * targets + (1 - lam) * partner_targets
     lam = float(rng.beta(cutmix, cutmix))
     h, w = images.shape[-2:]
     cut_h, cut_w = int(h * np.sqrt(1 - lam)), int(w * np.sqrt(1 - lam))
@@ -62,6 +65,6 @@ def mixup(images: torch.Tensor, targets: torch.Tensor, alpha: float, seed: int, 
     y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, h)
     x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, w)
     mixed = images.clone()
-    mixed[..., y0:y1, x0:x1] = images.roll(1, 0)[..., y0:y1, x0:x1]
+    mixed[..., y0:y1, x0:x1] = partners[..., y0:y1, x0:x1]
     lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)  # the area actually kept
-    return mixed, lam * targets + (1 - lam) * targets.roll(1, 0)
+    return mixed, lam * targets + (1 - lam) * partner_targets

@@ -1,36 +1,20 @@
-"""One training run of a sweep, from validated params to a complete, atomically written run directory."""
+"""Training runs of a sweep, from validated params to complete, atomically written run directories."""
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-from dpnrepro.config import Params, arch_name, get_sweep, sweep_config
+from dpnrepro.artifacts import ModelSpec, checkpoint_dir, run_dir, run_name, write_run
+from dpnrepro.config import SWEEPS, Params, arch_name, get_sweep, sweep_config
 from dpnrepro.data.loader import load_split
 from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
 from dpnrepro.data.prepare import load_manifest, prepared_dir
 from dpnrepro.errors import DatasetError
-from dpnrepro.io import atomic_dir, write_json_atomic
+from dpnrepro.io import atomic_dir
 from dpnrepro.training import determinism, distributed
-from dpnrepro.training.checkpoint import MODEL_FILE, save_weights
-from dpnrepro.training.trainer import ModelSpec, train_classifier
-
-SPEC_FILE = "model_spec.json"
-SUMMARY_FILE = "run.json"
-
-
-def run_name(arch: str, stem: str, seed: int) -> str:
-    return f"{arch}_{stem}_s{seed}"
-
-
-def run_dir(sweep: str, arch: str, stem: str, seed: int) -> Path:
-    return Path("runs") / sweep / run_name(arch, stem, seed)
-
-
-def checkpoint_dir(sweep: str, arch: str, stem: str, seed: int) -> Path:
-    return Path("checkpoints") / sweep / run_name(arch, stem, seed)
+from dpnrepro.training.finetune import pretrained_init
+from dpnrepro.training.trainer import train_classifier
 
 
 def model_spec(params: Params, arch: str, stem: str, sweep: str = "table1") -> ModelSpec:
@@ -39,30 +23,26 @@ def model_spec(params: Params, arch: str, stem: str, sweep: str = "table1") -> M
     return ModelSpec(
         arch=arch_name(arch), stem=stem, placement=m.placement, num_classes=cfg.data.num_classes,
         img_size=inp.image_size, in_chans=inp.channels, pool=m.pool, rep_size=m.rep_size,
-        head_bias_init=m.head_bias_init, drop_rate=m.dropout, drop_path_rate=m.stoch_depth, posemb=m.posemb,
+        head_bias_init=m.head_bias_init, pos_drop_rate=m.dropout, proj_drop_rate=m.dropout,
+        drop_path_rate=m.stoch_depth, posemb=m.posemb,
     )
 
 
-class pretrained_init:
-    """Initialise a fine-tuning model from a pretrained run's weights (positions resized, head re-initialised).
+def sweep_runs(params: Params, sweep: str) -> list[tuple[str, str, int]]:
+    """The (arch, stem, seed) runs of a sweep, in the order the stage trains them."""
+    sw = get_sweep(params, sweep)
+    return [(arch, stem, seed) for arch in sw.archs for stem in sw.stems for seed in sw.seeds]
 
-    A class rather than a closure so the trainer can put it in the run fingerprint (by its path).
+
+def train_sweep(params: Params, sweep: str, *, progress: bool = True) -> list[Path]:
+    """Train every run of ``sweep`` in this process (the DVC stage ``train@<sweep>``).
+
+    One process for the whole sweep instead of one per run: the stage pays Python's start-up once.
+    A run whose checkpoint is complete for the same fingerprint is restored, not retrained, so adding
+    a seed to a sweep trains only the new run.
     """
-
-    def __init__(self, weights: Path):
-        if not weights.exists():
-            raise DatasetError(f"fine-tuning needs the pretrained run {weights.parent}; run its train stage first")
-        self.weights = weights
-
-    def __call__(self, model):
-        from dpnrepro.training.finetune import init_from_pretrained
-
-        return init_from_pretrained(model, self.weights)
-
-    def __repr__(self) -> str:
-        import hashlib
-
-        return f"pretrained:{hashlib.sha256(self.weights.read_bytes()).hexdigest()[:16]}"
+    return [train_run(params, sweep=sweep, arch=a, stem=st, seed=se, progress=progress)
+            for a, st, se in sweep_runs(params, sweep)]
 
 
 def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, progress: bool = True) -> Path:
@@ -86,47 +66,45 @@ def _train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, p
     from dpnrepro.cli import hardware_label
 
     cfg = sweep_config(params, sweep, arch)
-    recipe = get_sweep(params, sweep).recipe
-    data_dir = prepared_dir(recipe.dataset)
+    definition = SWEEPS[sweep]
+    data_dir = prepared_dir(definition.dataset)
     manifest = load_manifest(data_dir)
     n_classes = len(manifest["splits"]["train"]["class_counts"])
     if n_classes < cfg.data.num_classes:
         raise DatasetError(f"prepared data {data_dir} has {n_classes} classes, params say {cfg.data.num_classes}; "
                            "rerun `dvc repro prepare`")
     spec = model_spec(params, arch, stem, sweep)
-    input_cfg, train_cfg = cfg.input, cfg.train
     train_ds = load_split(data_dir, "train")
-    if input_cfg.backend == "fast" and "pixel_store" in manifest:  # decoded at prepare time: no decode per step
+    if cfg.input.backend == "fast" and "pixel_store" in manifest:  # decoded at prepare time: no decode per step
         train_ds = PixelStoreSplit(train_ds, data_dir / STORE_DIR)
     out = run_dir(sweep, arch, stem, seed)
     init = None
-    if recipe.init_from is not None:
-        init = pretrained_init(run_dir(recipe.init_from, arch, stem, seed) / MODEL_FILE)
+    if definition.init_from is not None:
+        init = pretrained_init(run_dir(definition.init_from, arch, stem, seed))
 
     def fit(live):
-        return train_classifier(spec, train_ds, input_cfg, train_cfg, seed=seed, init=init,
+        return train_classifier(spec, train_ds, cfg.input, cfg.train, seed=seed, runtime=cfg.runtime, init=init,
                                 ckpt_dir=checkpoint_dir(sweep, arch, stem, seed), live=live, progress=progress)
 
     if not ctx.is_main:  # trains its share; rank 0 alone logs and writes the run directory
         fit(None)
         return out
+    # What the run computes, fully resolved (as big_vision's config.json): the run directory says
+    # exactly how it was made. Runtime settings are left out: they do not change the result.
+    config = {"sweep": sweep, "arch": arch, "stem": stem, "seed": seed, "profile": params.profile,
+              "init_from": definition.init_from, "dataset": definition.dataset, **cfg.recipe()}
     with atomic_dir(out) as tmp:
         t0 = time.perf_counter()
         with Live(dir=str(tmp / "dvclive"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
-            live.log_params({"arch": spec.arch, "stem": stem, "seed": seed, "sweep": sweep,
-                             "init_from": recipe.init_from or ""})
+            live.log_params(config)
             model = fit(live)
         seconds = time.perf_counter() - t0
-        # No header metadata: safetensors writes it in hash order, which would make the bytes (and
-        # so the DVC hash) of identical weights differ between runs. The spec is in SPEC_FILE.
-        save_weights(model, tmp / MODEL_FILE)
-        (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2, sort_keys=True) + "\n")
-        write_json_atomic(tmp / SUMMARY_FILE, {
+        write_run(tmp, model, spec, config, {
             "arch": spec.arch, "stem": stem, "seed": seed, "profile": params.profile,
-            "dataset": cfg.data.name, "train_examples": len(train_ds), "steps": train_cfg.steps,
-            "batch_size": train_cfg.batch_size, "hardware": hardware_label(), "sweep": sweep,
-            "init_from": recipe.init_from,
+            "dataset": cfg.data.name, "train_examples": len(train_ds), "steps": cfg.train.steps,
+            "batch_size": cfg.train.batch_size, "hardware": hardware_label(), "sweep": sweep,
+            "init_from": definition.init_from,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         })
-    print(f"trained {run_name(arch, stem, seed)} in {seconds:.0f} s -> {out}")
+    print(f"trained {sweep}/{run_name(arch, stem, seed)} in {seconds:.1f} s -> {out}")
     return out

@@ -9,13 +9,15 @@ import math
 import os
 import random
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from dpnrepro.artifacts import ModelSpec
+from dpnrepro.config import RuntimeParams
 from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, build_transform, train_loader
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed
@@ -28,35 +30,6 @@ class TrainingDiverged(UserError):
     """The loss became NaN/inf; the last good checkpoint is kept."""
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to rebuild a model with :func:`dpnrepro.models.build_vit`."""
-
-    arch: str
-    stem: str
-    placement: str
-    num_classes: int
-    img_size: int
-    in_chans: int
-    pool: str
-    rep_size: int | bool
-    head_bias_init: float
-    drop_rate: float
-    drop_path_rate: float
-    posemb: str = "learn"
-
-    def build(self) -> torch.nn.Module:
-        from dpnrepro.models import build_vit
-
-        kw = asdict(self)
-        arch = kw.pop("arch")
-        return build_vit(arch, **kw)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "ModelSpec":
-        return cls(**json.loads(Path(path).read_text()))
-
-
 def seed_everything(seed: int, deterministic: bool = True) -> None:
     """Seed Python, NumPy and torch; deterministic or fast kernels (training/determinism.py)."""
     from dpnrepro.training import determinism
@@ -67,9 +40,7 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
     determinism.configure(deterministic)
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun)."""
-    return distributed.resolve_device(name, distributed.env_world()[2])
+pick_device = distributed.pick_device
 
 
 def grad_norms_by_layer(model: torch.nn.Module) -> dict[str, float]:
@@ -96,66 +67,59 @@ def fingerprint(*parts) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-# The package sources that compute a run: the code deps of the train stages in dvc.yaml (a test keeps
-# the two in step). They join the run fingerprint, so after a code change `dvc repro` retrains instead
-# of "resuming" a finished checkpoint written by the old code.
-CODE_DEPS = ("config.py", "data/fast.py", "data/loader.py", "data/pixel_store.py", "models", "training")
-
-
 def code_fingerprint(root: Path | None = None) -> str:
-    """A hash of the ``CODE_DEPS`` sources (``.py`` files, by relative path) of the package at ``root``."""
-    root = root or Path(__file__).resolve().parents[1]
+    """A hash of the code a training run executes: exactly the code deps of the train stages in dvc.yaml
+    (both come from :func:`dpnrepro.codedeps.code_files`). It joins the run fingerprint, so after a code
+    change `dvc repro` retrains instead of "resuming" a finished checkpoint written by the old code."""
+    from dpnrepro.codedeps import ROOT, code_files
+
+    root = root or ROOT
     digest = hashlib.sha256()
-    for dep in CODE_DEPS:
-        files = [root / dep] if dep.endswith(".py") else sorted((root / dep).rglob("*.py"))
-        for path in files:
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    for rel in code_files("stages/train.py", root):
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     return digest.hexdigest()[:16]
 
-
-
-# Settings that change how the work is split or executed, not what is computed: a checkpoint resumes
-# across them (e.g. a run started on 8 GPUs can finish on 4, see README/Determinism for what is exact).
-RESUMABLE_ACROSS = {"log_every", "ckpt_every", "devices", "accum_steps", "parallel", "compile"}
 
 # Test hook: SIGKILL rank 0 right after the checkpoint of this step is complete (a crash mid-run).
 KILL_AT_STEP_ENV = "DPNREPRO_TEST_KILL_AT_STEP"
 
 
 def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: int, ckpt_dir: str | Path,
-                     live=None, progress: bool = True, init=None) -> torch.nn.Module | None:
+                     runtime: RuntimeParams | None = None, live=None, progress: bool = True,
+                     init=None) -> torch.nn.Module | None:
     """Train ``spec`` on ``train_ds`` for ``train_cfg.steps`` steps, resuming from ``ckpt_dir``.
 
-    A checkpoint is written every ``ckpt_every`` steps and at the end; if ``ckpt_dir`` holds one with
-    the same fingerprint (model, data, input, train config, seed), training continues from it and
+    A checkpoint is written every ``runtime.ckpt_every`` steps and at the end; if ``ckpt_dir`` holds one
+    with the same fingerprint (model, data, input, train config, seed, code), training continues from it and
     ends with bit-identical weights on CPU. ``init`` (optional) is called with the freshly built model
     before training (e.g. fine-tuning from a pretrained run); its ``repr`` joins the fingerprint.
 
     Under ``torchrun`` each process trains on its slice of every global batch (``train.batch_size``),
-    split into ``train.accum_steps`` micro-batches; gradients are the mean over the global batch, so
+    split into ``runtime.accum_steps`` micro-batches; gradients are the mean over the global batch, so
     the optimizer takes the recipe's ``train.steps`` steps whatever the world size. Only rank 0 logs
     (``live``, progress bar) and writes checkpoints (full, unsharded tensors); every rank resumes from
     them. Returns the trained model as a plain module with full weights (under FSDP2: None on ranks
     other than 0).
     """
-    micro = distributed.check_layout(train_cfg, distributed.env_world()[1])
+    runtime = runtime or RuntimeParams()
+    micro = distributed.check_layout(train_cfg.batch_size, runtime, distributed.env_world()[1])
     # Before the process group exists: its NCCL algorithm choice depends on the determinism switch.
     seed_everything(seed, train_cfg.deterministic)
     with distributed.session(train_cfg.device) as ctx:
-        return _train(spec, train_ds, input_cfg, train_cfg, seed=seed, ckpt_dir=ckpt_dir, live=live,
+        return _train(spec, train_ds, input_cfg, train_cfg, runtime, seed=seed, ckpt_dir=ckpt_dir, live=live,
                       progress=progress, init=init, ctx=ctx, micro=micro)
 
 
-def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progress, init, ctx, micro):
+def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, live, progress, init, ctx, micro):
     device = ctx.device
     model = spec.build()
     if init is not None:
         model = init(model) or model
-    par = distributed.Parallel(model.to(device), ctx, train_cfg.parallel, train_cfg.compile)
+    par = distributed.Parallel(model.to(device), ctx, runtime.parallel, runtime.compile)
     model = par.core
     optimizer = build_optimizer(model, train_cfg)
     scheduler = build_scheduler(optimizer, train_cfg)
-    fp_parts = [asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(exclude=RESUMABLE_ACROSS), seed,
+    fp_parts = [asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(), seed,
                 train_ds._fingerprint, code_fingerprint()]
     if init is not None:
         fp_parts.append(repr(init))
@@ -173,22 +137,24 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
     elif meta is not None and ctx.is_main:
         print(f"ignoring checkpoint in {ckpt_dir}: it belongs to another configuration")
 
-    # With mixup / CutMix each rank also loads the example before its slice, so that mixing partners
-    # (and so the result) are those of one process with the whole batch (HaloBatchSampler).
-    halo = input_cfg.mixup > 0 or input_cfg.cutmix > 0
-    sampler = (HaloBatchSampler if halo else StepBatchSampler)(
+    # With mixup / CutMix each rank also loads the `halo` examples before its slice (their partners), so
+    # that mixing partners (and so the result) are those of one process with the whole batch
+    # (HaloBatchSampler; the partner is `repeated_aug` places back, never a copy of the same image).
+    mixing = input_cfg.mixup > 0 or input_cfg.cutmix > 0
+    sampler = (HaloBatchSampler if mixing else StepBatchSampler)(
         len(train_ds), train_cfg.batch_size, seed=seed, start_step=start, total_steps=train_cfg.steps,
         rank=ctx.rank, world_size=ctx.world_size, repeats=input_cfg.repeated_aug)
+    halo = sampler.halo if mixing else 0
     if input_cfg.backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
         from dpnrepro.data.fast import undecoded
 
         train_ds = undecoded(train_ds)
-    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True), sampler, input_cfg.workers,
+    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True), sampler, runtime.workers,
                           num_classes=spec.num_classes)
     loss_fn = LOSSES[train_cfg.loss]
     use_bf16 = device.type == "cuda"
     params = [p for p in model.parameters() if p.requires_grad]
-    accum = train_cfg.accum_steps
+    accum = runtime.accum_steps
     kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
 
     bar = tqdm(total=train_cfg.steps, initial=start, desc=f"train {spec.arch} {spec.stem} s{seed}",
@@ -202,12 +168,12 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
         loss_sum = None
         for k in range(accum):
             lo = k * micro
-            if halo:  # [example before the micro-batch] + micro-batch; mixup rolls by one, drop the halo
-                x = images[lo : lo + micro + 1]
-                t = targets_of(labels[lo : lo + micro + 1], spec.num_classes, train_cfg.label_smoothing)
+            if halo:  # [halo examples before the micro-batch] + micro-batch; mixup rolls by halo, drop them
+                x = images[lo : lo + micro + halo]
+                t = targets_of(labels[lo : lo + micro + halo], spec.num_classes, train_cfg.label_smoothing)
                 x, t = mixup(x, t, input_cfg.mixup, seed, step, cutmix=input_cfg.cutmix,
-                             switch_prob=input_cfg.mix_switch_prob)
-                x, t = x[1:], t[1:]
+                             switch_prob=input_cfg.mix_switch_prob, shift=halo)
+                x, t = x[halo:], t[halo:]
             else:
                 x = images[lo : lo + micro]
                 t = targets_of(labels[lo : lo + micro], spec.num_classes, train_cfg.label_smoothing)
@@ -220,7 +186,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
                 loss = loss_fn(logits.float(), t)
                 (loss / accum if accum > 1 else loss).backward()  # mean over the global batch
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        log_now = (step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps
+        log_now = (step + 1) % runtime.log_every == 0 or step + 1 == train_cfg.steps
         layer_norms = grad_norms_by_layer(model) if log_now else None
         if train_cfg.grad_clip > 0:
             gnorm = torch.nn.utils.clip_grad_norm_(params, train_cfg.grad_clip)
@@ -230,7 +196,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, *, seed, ckpt_dir, live, progre
         optimizer.step()
         scheduler.step()
         step += 1
-        ckpt_now = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps
+        ckpt_now = step % runtime.ckpt_every == 0 or step == train_cfg.steps
         if log_now or ckpt_now:  # the only host syncs of the loop
             loss_value = distributed.mean_over_ranks(ctx, loss_sum / accum if accum > 1 else loss_sum).item()
             if not math.isfinite(loss_value):

@@ -1,0 +1,76 @@
+"""The project files a script runs, found from its imports: the code deps of every DVC stage
+(dpnrepro.pipeline writes them into dvc.yaml) and of the trainer's run fingerprint, from one place."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "dpnrepro"
+
+
+def _module_file(module: str, src: Path) -> Path | None:
+    """The source file of a ``dpnrepro`` module (a package's ``__init__.py``) under ``src``, or None."""
+    base = src.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path, src: Path) -> set[str]:
+    """Every ``dpnrepro`` module a file imports anywhere in it, with the packages that contain them."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = None
+    if path.is_relative_to(src):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import inside the package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == PACKAGE or name.startswith(PACKAGE + "."):
+                parts = name.split(".")
+                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {m for m in found if _module_file(m, src) is not None}
+
+
+@cache
+def code_files(script: str, root: Path = ROOT) -> tuple[str, ...]:
+    """The project files ``script`` (a path relative to the repository ``root``) runs: itself plus the
+    transitive closure of its ``dpnrepro`` imports, as sorted repository-relative paths."""
+    src = root / "src"
+    todo, seen = [root / script], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo.extend(_module_file(m, src) for m in _imported_modules(path, src))
+    return tuple(sorted(p.relative_to(root).as_posix() for p in seen))
+
+
+def code_deps(script: str) -> tuple[str, ...]:
+    """:func:`code_files`, with every package directory whose ``.py`` files are all in it written as the
+    directory (shorter dvc.yaml, same meaning: DVC hashes the directory's files)."""
+    files = set(code_files(script))
+    dirs = sorted({str(Path(f).parent) for f in files if f.startswith("src/")}, key=len)
+    whole = []
+    for d in dirs:
+        if any(d.startswith(w + "/") for w in whole) or d == "src/dpnrepro":
+            continue
+        if all(p.relative_to(ROOT).as_posix() in files for p in (ROOT / d).rglob("*.py")):
+            whole.append(d)
+    kept = [f for f in files if not any(f.startswith(w + "/") for w in whole)]
+    return tuple(sorted(kept + whole))

@@ -1,0 +1,78 @@
+"""dvc.yaml as the exact contract: generated from one definition of the sweeps, every stage depending on
+exactly the code it imports and on no execution setting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dpnrepro import pipeline
+from dpnrepro.codedeps import code_deps, code_files
+from dpnrepro.config import SWEEPS
+from helpers import REPO
+
+STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+SCRIPTS = sorted({body["cmd"].split()[1] for body in STAGES.values()})
+
+
+def test_dvc_yaml_is_what_the_generator_writes():
+    assert (REPO / "dvc.yaml").read_text() == pipeline.render(), "run `python -m dpnrepro.pipeline`"
+
+
+def test_one_train_and_one_evaluate_stage_per_sweep_and_tables_follow_the_sweeps():
+    from dpnrepro.reports.tables import TABLES
+
+    assert [s.removeprefix("train-") for s in STAGES if s.startswith("train-")] == list(SWEEPS)
+    assert [s.removeprefix("evaluate-") for s in STAGES if s.startswith("evaluate-")] == list(SWEEPS)
+    for table, blocks in TABLES.items():
+        assert [b.sweep for b in blocks] == [s for s, d in SWEEPS.items() if d.table == table], table
+        deps = STAGES[f"table{table}"]["deps"]
+        assert [d for d in deps if d.startswith("metrics/")] == [f"metrics/{b.sweep}.json" for b in blocks]
+    for sweep, definition in SWEEPS.items():
+        deps = STAGES[f"train-{sweep}"]["deps"]
+        assert ("data/prepared" if definition.dataset == "data" else f"data/upstream/{definition.dataset}") in deps
+        assert (f"runs/{definition.init_from}" in deps) == (definition.init_from is not None)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_module_a_stage_loads_is_among_its_code_deps(script):
+    """Import the stage script (without running it) and list the project modules Python loaded: each
+    must be a dep of the stage. The static closure may hold more (imports inside functions)."""
+    probe = (
+        "import json, runpy, sys\n"
+        f"runpy.run_path({str(REPO / script)!r}, run_name='not_main')\n"
+        "print(json.dumps(sorted(m.__file__ for m in list(sys.modules.values())\n"
+        f"                       if (getattr(m, '__file__', None) or '').startswith(({str(REPO / 'src')!r},\n"
+        f"                                                                          {str(REPO / 'stages')!r})))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = {str(__import__("pathlib").Path(f).relative_to(REPO)) for f in json.loads(out.stdout.splitlines()[-1])}
+    assert loaded <= set(code_files(script)), sorted(loaded - set(code_files(script)))
+    stage_deps = next(body["deps"] for body in STAGES.values() if body["cmd"].split()[1] == script)
+    assert [d for d in stage_deps if d.startswith(("src/", "stages/"))] == list(code_deps(script))
+
+
+def test_code_deps_follow_imports_inside_functions(tmp_path):
+    root = tmp_path
+    (root / "src/dpnrepro/sub").mkdir(parents=True)
+    (root / "stages").mkdir()
+    (root / "src/dpnrepro/__init__.py").write_text("")
+    (root / "src/dpnrepro/sub/__init__.py").write_text("")
+    (root / "src/dpnrepro/sub/a.py").write_text("def f():\n    from .b import g\n    return g\n")
+    (root / "src/dpnrepro/sub/b.py").write_text("g = 1\n")
+    (root / "src/dpnrepro/unused.py").write_text("")
+    (root / "stages/s.py").write_text("from dpnrepro.sub.a import f\n")
+    assert code_files("stages/s.py", root) == (
+        "src/dpnrepro/__init__.py", "src/dpnrepro/sub/__init__.py", "src/dpnrepro/sub/a.py",
+        "src/dpnrepro/sub/b.py", "stages/s.py")
+
+
+def test_no_stage_tracks_execution_settings():
+    for name, body in STAGES.items():
+        for param in body.get("params", []):
+            assert param != "runtime" and not param.endswith(".runtime"), (name, param)
+            assert param.split(".")[-1] not in {"eval_batch_size", "log_every", "ckpt_every", "workers", "devices"}
