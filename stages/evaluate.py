@@ -1,16 +1,17 @@
-"""DVC stage `evaluate@<sweep>`: score every run of a sweep → metrics/<sweep>.json.
+"""DVC stage `evaluate-table<N>`: score every run of the sweeps of a table → metrics/<sweep>.json each
+(one process per table: the stage pays Python's and DVC's per-stage cost once). ``--sweep`` scores one.
 
-``evaluate: top1`` sweeps are scored on minival and val (big_vision's classification evaluator);
-``evaluate: fewshot`` sweeps (the 21k / JFT-style pretraining) by fewshot_lsr on the `data` splits.
+Top-1 sweeps are scored on minival and val (big_vision's classification evaluator); few-shot sweeps
+(the 21k / JFT-style pretraining; ``evaluate`` in config.SWEEPS) by fewshot_lsr on the `data` splits.
 """
 
 import argparse
 from pathlib import Path
 
-from dpnrepro.artifacts import run_dir, run_name
+from dpnrepro.artifacts import describe_recipe, read_config, run_dir, run_name
 from dpnrepro.cli import stage
-from dpnrepro.config import get_sweep, load_params, sweep_config
-from dpnrepro.data.prepare import PREPARED
+from dpnrepro.config import SWEEPS, get_sweep, load_params, sweep_config
+from dpnrepro.data.prepare import PREPARED, load_manifest
 from dpnrepro.evaluation.classification import evaluate_run
 from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
 from dpnrepro.io import write_json_atomic
@@ -19,9 +20,18 @@ from dpnrepro.io import write_json_atomic
 @stage
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sweep", default="table1")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--table", type=int, choices=sorted({d.table for d in SWEEPS.values()}))
+    which.add_argument("--sweep", choices=list(SWEEPS))
     args = ap.parse_args()
     params = load_params()
+    sweeps = [args.sweep] if args.sweep else [s for s, d in SWEEPS.items() if d.table == args.table]
+    for name in sweeps:
+        evaluate_sweep(params, name)
+
+
+def evaluate_sweep(params, name: str) -> None:
+    args = argparse.Namespace(sweep=name)
     sweep = get_sweep(params, args.sweep)
     runs = {}
     for arch in sweep.archs:
@@ -31,7 +41,7 @@ def main() -> None:
             for seed in sweep.seeds:
                 path = run_dir(args.sweep, arch, stem, seed)
                 kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
-                if sweep.evaluate == "fewshot":
+                if SWEEPS[args.sweep].evaluate == "fewshot":
                     fs = sweep.fewshot
                     runs[run_name(arch, stem, seed)] = evaluate_fewshot_run(
                         path, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
@@ -40,8 +50,14 @@ def main() -> None:
                 else:
                     runs[run_name(arch, stem, seed)] = evaluate_run(path, PREPARED, input_cfg, **kw)
     out = Path("metrics") / f"{args.sweep}.json"
-    write_json_atomic(out, {"profile": params.profile, "dataset": params.data.name, "sweep": args.sweep,
-                            "evaluate": sweep.evaluate, "runs": runs})
+    first = run_dir(args.sweep, sweep.archs[0], sweep.stems[0], sweep.seeds[0])
+    splits = load_manifest(PREPARED)["splits"]
+    write_json_atomic(out, {
+        "profile": params.profile, "dataset": params.data.name, "sweep": args.sweep,
+        "evaluate": SWEEPS[args.sweep].evaluate, "recipe": describe_recipe(read_config(first)),
+        "data": {"name": params.data.name, "train_examples": splits["train"]["examples"],
+                 "val_examples": splits["val"]["examples"]},
+        "runs": runs})
     print(f"wrote {out} ({len(runs)} runs)")
 
 

@@ -455,3 +455,17 @@ def test_multi_label_without_label_sets_is_one_clear_error(idx_dataset, tmp_path
     with pytest.raises(DatasetError, match="no 'labels' column.*label_parents"):
         prepare_dataset(data_cfg(idx_dataset, num_classes=14, multi_label=True), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_prepared_image_folder_is_byte_identical_whatever_the_file_times(tmp_path, hf_cache_in_tmp):
+    """`datasets` fingerprints an image folder by file paths and mtimes; prepare stores a content
+    fingerprint instead, so the prepared bytes (and the DVC hash in dvc.lock) match on every machine."""
+    import os
+
+    root = make_image_folder(tmp_path / "folder", classes=("a", "b"), per_class=6)
+    prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.25), tmp_path / "one")
+    for path in root.rglob("*.jpg"):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.25), tmp_path / "two")
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*") if p.is_file())
+    assert files and all((tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes() for f in files)

@@ -255,10 +255,15 @@ def test_api_errors_and_root_override(tmp_path, monkeypatch):
 
 
 def test_recipe_text_names_the_pretraining_data_of_upstream_sweeps():
-    from dpnrepro.config import load_params
-    from dpnrepro.reports.build import recipe_text
+    from dpnrepro.artifacts import describe_recipe
+    from dpnrepro.config import SWEEPS, load_params, sweep_config
 
     params = load_params(REPO_ROOT / "params.yaml")
-    jft = recipe_text(params, "jft_220k")
+
+    def described(sweep):  # what the train stage writes to config.json, as the evaluate stage reads it
+        return describe_recipe({"dataset": SWEEPS[sweep].dataset, **sweep_config(params, sweep, "Mu-7").recipe()})
+
+    jft = described("jft_220k")
     assert jft.endswith("; trained on `data_jft`: fashion_mnist_hierarchy (multi-label, 14 classes)"), jft
-    assert "trained on" not in recipe_text(params, "table1")
+    assert "trained on" not in described("table1")
+    assert "repeats 3" in described("deit") and "mixup 0.8" in described("deit")

@@ -52,7 +52,7 @@ def test_repro_builds_table1_with_paper_and_ours(smoke_repro):
     sw = params["table1"]
     assert len(metrics["runs"]) == len(sw["archs"]) * len(sw["stems"]) * len(sw["seeds"])
     for run_metrics in metrics["runs"].values():
-        assert run_metrics["val_top1"] > 40.0, run_metrics  # real learning: chance is 10 %
+        assert run_metrics["val_top1"] > 25.0, run_metrics  # real learning (chance is 10 %); smoke is not powered
     assert (root / "reports/table1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((root / "runs/table1/Mu-7_dpn_s0/config.json").read_text())
     assert config["train"]["steps"] == params["train"]["steps"] and config["stem"] == "dpn"
@@ -95,7 +95,7 @@ def test_param_change_shows_in_params_and_metrics_diff(smoke_repro):
     # Dropping a seed retrains nothing: the train stage restores each remaining run from its checkpoint.
     out = run(["dvc", "exp", "run", "-S", f"table1.seeds=[{','.join(map(str, seeds[:-1]))}]"], root,
               no_thread_pin=True)
-    assert "Running stage 'evaluate-table1'" in out.stdout
+    assert "Running stage 'evaluate-table1'" in out.stdout and "Running stage 'train-splus'" not in out.stdout
     log = out.stdout + out.stderr
     assert "resuming from" in log and "at step 100/100" in log, log[-3000:]
     pdiff = run(["dvc", "params", "diff"], root).stdout

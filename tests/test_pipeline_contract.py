@@ -23,15 +23,17 @@ def test_dvc_yaml_is_what_the_generator_writes():
     assert (REPO / "dvc.yaml").read_text() == pipeline.render(), "run `python -m dpnrepro.pipeline`"
 
 
-def test_one_train_and_one_evaluate_stage_per_sweep_and_tables_follow_the_sweeps():
+def test_one_train_stage_per_sweep_one_evaluate_stage_per_table_and_tables_follow_the_sweeps():
     from dpnrepro.reports.tables import TABLES
 
     assert [s.removeprefix("train-") for s in STAGES if s.startswith("train-")] == list(SWEEPS)
-    assert [s.removeprefix("evaluate-") for s in STAGES if s.startswith("evaluate-")] == list(SWEEPS)
     for table, blocks in TABLES.items():
         assert [b.sweep for b in blocks] == [s for s, d in SWEEPS.items() if d.table == table], table
         deps = STAGES[f"table{table}"]["deps"]
         assert [d for d in deps if d.startswith("metrics/")] == [f"metrics/{b.sweep}.json" for b in blocks]
+        evaluate = STAGES[f"evaluate-table{table}"]
+        assert [next(iter(m)) for m in evaluate["metrics"]] == [f"metrics/{b.sweep}.json" for b in blocks]
+        assert [d for d in evaluate["deps"] if d.startswith("runs/")] == [f"runs/{b.sweep}" for b in blocks]
     for sweep, definition in SWEEPS.items():
         deps = STAGES[f"train-{sweep}"]["deps"]
         assert ("data/prepared" if definition.dataset == "data" else f"data/upstream/{definition.dataset}") in deps

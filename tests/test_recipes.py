@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from dpnrepro.config import load_params, sweep_config
+from dpnrepro.config import SWEEPS, load_params, sweep_config
 from helpers import REPO
 
 SEEDS = REPO.parent / "shared" / "seeds"
@@ -186,7 +186,7 @@ def test_pretraining_regimes_match_section_5_1(section_5_1, full):
     assert "we train each model once and report the mean 25 shot accuracy with 95%" in section_5_1
     for sweep in ("i21k_93k", "i21k_930k", "jft_220k", "jft_1100k"):
         sw = getattr(full, sweep)
-        assert sw.seeds == [0] and sw.evaluate == "fewshot", sweep
+        assert sw.seeds == [0] and SWEEPS[sweep].evaluate == "fewshot" and sw.fewshot is not None, sweep
         assert (sw.fewshot.shots, sw.fewshot.draws, sw.fewshot.l2_reg) == (25, 3, 2.0**10), sweep
     assert "Ti/16, S/16, S/32, B/16 and B/32" in section_5_1
     assert sorted(full.table1.archs) == sorted(["Ti-16", "S-16", "S-32", "B-16", "B-32"])

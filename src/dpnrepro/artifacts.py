@@ -157,6 +157,32 @@ def read_summary(run_path: str | Path) -> dict:
     return json.loads((Path(run_path) / SUMMARY_FILE).read_text())
 
 
+def describe_recipe(config: dict) -> str:
+    """One line saying how a run was trained, from its resolved ``config.json`` (reports print it)."""
+    t, i, m, d = config["train"], config["input"], config["model"], config["data"]
+    smoothing = f", smoothing {t['label_smoothing']:g}" if t["label_smoothing"] else ""
+    text = (f"{t['optimizer']} lr {t['lr']:g}, wd {t['weight_decay']:g}, batch {t['batch_size']}, {t['steps']} steps "
+            f"({t['warmup_steps']} warm-up, {t['schedule']}), clip {t['grad_clip']:g}, {t['loss']}"
+            f"{smoothing}, {i['image_size']}px, "
+            f"pool {m['pool']}, posemb {m['posemb']}, head bias {m['head_bias_init']:g}")
+    aug = [f"randaug {i['randaug']}" if i["randaug"] else "", f"mixup {i['mixup']:g}" if i["mixup"] else "",
+           f"cutmix {i['cutmix']:g}" if i["cutmix"] else "",
+           f"erasing {i['random_erasing']:g}" if i["random_erasing"] else "",
+           f"repeats {i['repeated_aug']}" if i["repeated_aug"] > 1 else "",
+           f"stoch. depth {m['stoch_depth']:g}" if m["stoch_depth"] else "",
+           f"dropout {m['dropout']:g}" if m["dropout"] else ""]
+    aug = [a for a in aug if a]
+    text += f"; {', '.join(aug)}" if aug else "; no augmentation beyond crop/flip"
+    if config["dataset"] != "data":
+        text += (f"; trained on `{config['dataset']}`: {d['name']} ({'multi-label, ' if d.get('multi_label') else ''}"
+                 f"{d['num_classes']} classes)")
+    return text
+
+
+def read_config(run_path: str | Path) -> dict:
+    return json.loads((Path(run_path) / CONFIG_FILE).read_text())
+
+
 def write_run(out: Path, model: torch.nn.Module, spec: ModelSpec, config: dict, summary: dict) -> None:
     """Write the files of a run directory ``out`` (already a temporary directory of ``atomic_dir``)."""
     from dpnrepro.io import write_json_atomic

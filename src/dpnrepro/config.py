@@ -217,10 +217,9 @@ class SweepParams(_Section):
     stems: list[str] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
     recipe: RecipeParams
-    evaluate: Literal["top1", "fewshot"] = "top1"
     runtime: dict = Field(default_factory=dict, description=(
         "deltas to the top-level runtime section for this sweep (execution only; not tracked by DVC)"))
-    fewshot: FewshotParams = Field(default_factory=FewshotParams)
+    fewshot: FewshotParams | None = Field(None, description="the few-shot evaluator (sweeps evaluated 25-shot)")
 
     @model_validator(mode="after")
     def _overrides_name_archs(self):
@@ -265,13 +264,16 @@ class BenchmarkParams(_Section):
 
 
 class SweepDef(NamedTuple):
-    """What a sweep is, whatever the profile: the table it fills, the dataset section it trains on and
-    the sweep whose runs initialise it (fine-tuning). dvc.yaml is generated from this table
-    (``python -m dpnrepro.pipeline``), so adding a table block is one entry here plus its params."""
+    """What a sweep is, whatever the profile: the table it fills, the dataset section it trains on, the
+    sweep whose runs initialise it (fine-tuning) and how it is evaluated (top-1 on minival/val, or
+    few-shot on `data`, whose settings are then the sweep's required ``fewshot`` params). dvc.yaml is
+    generated from this table (``python -m dpnrepro.pipeline``), so adding a table block is one entry
+    here plus its params."""
 
     table: int
     dataset: Literal["data", "data_i21k", "data_jft"] = "data"
     init_from: str | None = None
+    evaluate: Literal["top1", "fewshot"] = "top1"
 
 
 # The sweeps behind the tables, in dvc.yaml order. table1 is Table 1's "ViT AugReg" block. Few-shot
@@ -281,10 +283,10 @@ SWEEPS: dict[str, SweepDef] = {
     "splus": SweepDef(1),                                             # S/16+
     "deit": SweepDef(1),                                              # DeiT
     "ft384": SweepDef(1, init_from="table1"),                         # AugReg + 384 fine-tune
-    "i21k_93k": SweepDef(1, dataset="data_i21k"),                     # Table 1 right: 21k, 25-shot
-    "i21k_930k": SweepDef(1, dataset="data_i21k"),
-    "jft_220k": SweepDef(2, dataset="data_jft"),                      # Table 2 left: JFT-style, 25-shot
-    "jft_1100k": SweepDef(2, dataset="data_jft"),
+    "i21k_93k": SweepDef(1, dataset="data_i21k", evaluate="fewshot"),  # Table 1 right: 21k, 25-shot
+    "i21k_930k": SweepDef(1, dataset="data_i21k", evaluate="fewshot"),
+    "jft_220k": SweepDef(2, dataset="data_jft", evaluate="fewshot"),   # Table 2 left: JFT-style, 25-shot
+    "jft_1100k": SweepDef(2, dataset="data_jft", evaluate="fewshot"),
     "jft_220k_ft224": SweepDef(2, init_from="jft_220k"),              # Table 2 right: fine-tunes
     "jft_220k_ft384": SweepDef(2, init_from="jft_220k"),
     "jft_1100k_ft224": SweepDef(2, init_from="jft_1100k"),
@@ -323,6 +325,9 @@ class Params(_Section):
                              "put multi-label pretraining data in data_jft or data_i21k")
         for name, sw in self.sweeps().items():
             definition = SWEEPS[name]
+            if (sw.fewshot is not None) != (definition.evaluate == "fewshot"):
+                raise ValueError(f"{name}.fewshot: " + ("required: the sweep is evaluated few-shot (config.SWEEPS)"
+                                                        if sw.fewshot is None else "only few-shot sweeps take it"))
             if getattr(self, definition.dataset) is None:
                 raise ValueError(f"{name} trains on {definition.dataset} (config.SWEEPS) but params.yaml has no "
                                  f"{definition.dataset} section")

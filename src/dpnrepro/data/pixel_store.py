@@ -99,7 +99,7 @@ class PixelStoreSplit:
             raise DatasetError(f"pixel store {store_dir} holds {len(self.store)} images, the split {len(ds)}; "
                                "rerun `dvc repro prepare`")
         self.column_names = [c for c in ds.column_names if c != "image"] + ["image"]
-        self.labels = {c: ds[c] for c in ("label", "labels") if c in ds.column_names}
+        self.labels = {c: list(ds[c]) for c in ("label", "labels") if c in ds.column_names}  # plain lists: O(1) rows
         # The run fingerprint sees the store's geometry (so pixel_store_side) as well as the split.
         self._fingerprint = f"{ds._fingerprint}:pixels:{hashlib.sha256(self.store.index.tobytes()).hexdigest()[:16]}"
 

@@ -208,6 +208,9 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
         for name in (s for s in SPLITS if s in splits):
             ds, stats = check_split(splits[name], name, cfg["num_classes"], cfg.get("skip_corrupt", False))
             warn_if_unbalanced(name, stats["class_counts"][: len(parents) if parents is not None else None])
+            # A content-derived fingerprint: `datasets` fingerprints an imagefolder by its files' paths and
+            # mtimes, which would make the saved state.json (so the DVC hash) differ on every machine.
+            ds = ds.flatten_indices(new_fingerprint=stats["sha256"][:16])
             ds.save_to_disk(str(tmp / name))
             manifest["splits"][name] = stats
             if name == "train" and cfg.get("pixel_store_side", 0) > 0:

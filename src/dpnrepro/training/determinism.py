@@ -67,7 +67,7 @@ NONDETERMINISTIC_CUDA_KERNELS: tuple[CudaKernel, ...] = (
     ),
     CudaKernel(
         "NCCL all-reduce (DDP) and reduce-scatter (FSDP2) with the NVLS algorithm",
-        "gradient reduction with train.devices > 1 on NVSwitch machines",
+        "gradient reduction with runtime.devices > 1 on NVSwitch machines",
         "torch sets NCCL_ALGO=^NVLS (unless NCCL_ALGO is set) when strict mode is on at process-group "
         "creation; the train stage runs this switch before it creates the group (training/run.py, "
         "trainer.train_classifier). Ring/tree reductions are deterministic for a fixed world size "
