@@ -31,4 +31,4 @@ profile:
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
 
 clean:
-	rm -rf data/prepared runs checkpoints metrics/*.json reports/table1.md reports/table1.png
+	rm -rf data runs checkpoints

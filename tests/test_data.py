@@ -458,14 +458,22 @@ def test_multi_label_without_label_sets_is_one_clear_error(idx_dataset, tmp_path
 
 
 def test_prepared_image_folder_is_byte_identical_whatever_the_file_times(tmp_path, hf_cache_in_tmp):
-    """`datasets` fingerprints an image folder by file paths and mtimes; prepare stores a content
-    fingerprint instead, so the prepared bytes (and the DVC hash in dvc.lock) match on every machine."""
+    """`datasets` fingerprints an image folder by file paths and mtimes and records source sizes that
+    include the paths; prepare stores a content fingerprint and drops those sizes, so the prepared bytes
+    (and the DVC hash in dvc.lock) match on every machine."""
     import os
+
+    import shutil
 
     root = make_image_folder(tmp_path / "folder", classes=("a", "b"), per_class=6)
     prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.25), tmp_path / "one")
-    for path in root.rglob("*.jpg"):
+    # another machine: the same files at another (longer) path, with other times
+    moved = shutil.copytree(root, tmp_path / "somewhere" / "else" / "entirely" / "folder")
+    for path in moved.rglob("*.jpg"):
         os.utime(path, (1_000_000_000, 1_000_000_000))
-    prepare_dataset(data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.25), tmp_path / "two")
+    prepare_dataset(data_cfg(moved, format="imagefolder", num_classes=2, minival_fraction=0.25), tmp_path / "two")
+    manifest_two = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    (tmp_path / "two" / "manifest.json").write_text(  # the manifest names the source path it read
+        json.dumps({**manifest_two, "source": str(root)}, indent=2, sort_keys=True) + "\n")
     files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*") if p.is_file())
     assert files and all((tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes() for f in files)

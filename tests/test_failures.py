@@ -102,7 +102,7 @@ def test_full_disk_while_checkpointing_is_one_line_and_keeps_previous(tiny_train
     ("table1.stems", ["conv", "dpnn"], "unknown stem(s) ['dpnn']; choose from conv, linear, dpn"),
     ("table1.archs", ["Q-16"], "unknown arch 'Q/16'"),
     ("model.placement", "sandwich", "unknown placement 'sandwich'; choose one of pre-pre"),
-    ("data.source", "/nonexistent/fmnist", "dataset path /nonexistent/fmnist does not exist; fix data.source"),
+    ("data.source", "/nonexistent/fmnist", "dataset directory /nonexistent/fmnist does not exist"),
 ])
 def test_bad_names_and_paths_fail_in_one_line_before_work(tmp_path, key, value, expect):
     project = copy_project(tmp_path / "p")

@@ -91,14 +91,14 @@ def test_param_change_shows_in_params_and_metrics_diff(smoke_repro):
     root, _, _ = smoke_repro
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A"], root)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "repro"], root)
-    seeds = yaml.safe_load((root / "params.yaml").read_text())["table1"]["seeds"]
+    seeds = yaml.safe_load((root / "params.yaml").read_text())["splus"]["seeds"]
     # Dropping a seed retrains nothing: the train stage restores each remaining run from its checkpoint.
-    out = run(["dvc", "exp", "run", "-S", f"table1.seeds=[{','.join(map(str, seeds[:-1]))}]"], root,
+    out = run(["dvc", "exp", "run", "-S", f"splus.seeds=[{','.join(map(str, seeds[:-1]))}]"], root,
               no_thread_pin=True)
-    assert "Running stage 'evaluate-table1'" in out.stdout and "Running stage 'train-splus'" not in out.stdout
     log = out.stdout + out.stderr
-    assert "resuming from" in log and "at step 100/100" in log, log[-3000:]
+    assert "Running stage 'evaluate-table1'" in log and "Running stage 'train-table1'" not in log, log[-3000:]
+    assert "resuming from checkpoints/splus/" in log and "at step 100/100" in log, log[-3000:]
     pdiff = run(["dvc", "params", "diff"], root).stdout
-    assert "table1.seeds" in pdiff
+    assert "splus.seeds" in pdiff
     mdiff = run(["dvc", "metrics", "diff", "--all"], root).stdout
     assert "metrics/table1.json" in mdiff or "metrics/table1_summary.json" in mdiff

@@ -212,6 +212,7 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
             # mtimes, which would make the saved state.json (so the DVC hash) differ on every machine.
             ds = ds.flatten_indices(new_fingerprint=stats["sha256"][:16])
             ds.save_to_disk(str(tmp / name))
+            _drop_source_sizes(tmp / name / "dataset_info.json")
             manifest["splits"][name] = stats
             if name == "train" and cfg.get("pixel_store_side", 0) > 0:
                 manifest["pixel_store"] = write_split_store(ds, tmp / STORE_DIR, cfg["pixel_store_side"])
@@ -219,6 +220,17 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
             manifest["class_names"] = list(found.names)
         write_json_atomic(tmp / "manifest.json", manifest)
     return manifest
+
+
+# What `datasets` records about the *source* it read (byte sizes that include the image files' absolute
+# paths, checksums): machine-dependent, and nothing reads it back. Dropped so that data/prepared hashes
+# the same wherever the project lives.
+SOURCE_INFO_KEYS = ("dataset_size", "size_in_bytes", "download_size", "download_checksums", "splits")
+
+
+def _drop_source_sizes(info_path: Path) -> None:
+    info = json.loads(info_path.read_text())
+    write_json_atomic(info_path, {k: v for k, v in info.items() if k not in SOURCE_INFO_KEYS})
 
 
 def load_manifest(prepared_dir: str | Path) -> dict:
