@@ -53,15 +53,13 @@ def main() -> None:
         "archs": args.archs, "stems": args.stems, "timm_reference": args.timm_reference,
         "batch_size": args.batch_size, "warmup_steps": args.warmup_steps, "steps": args.steps,
         "compile": args.compile, "device": args.device}.items() if v is not None}
-    overrides.update({k: v for k, v in {"img_size": args.img_size, "num_classes": args.num_classes,
-                                        "peak_tflops": args.peak_tflops}.items() if v is not None})
-    defaults = CLI_OUTS if overrides or args.params != "params.yaml" else STAGE_OUTS
+    custom = bool(overrides) or args.params != "params.yaml" or any(
+        v is not None for v in (args.img_size, args.num_classes, args.peak_tflops))
+    defaults = CLI_OUTS if custom else STAGE_OUTS
     args.out_json, args.out_md = args.out_json or defaults[0], args.out_md or defaults[1]
-    if (overrides or args.params != "params.yaml") and {args.out_json, args.out_md} & set(STAGE_OUTS):
+    if custom and {args.out_json, args.out_md} & set(STAGE_OUTS):
         raise ParamsError(f"{', '.join(STAGE_OUTS)} are the `benchmark` stage's outputs and follow params.yaml alone; "
                           "write results of command-line overrides elsewhere (--out-json/--out-md)")
-    for key in ("img_size", "num_classes", "peak_tflops"):
-        overrides.pop(key, None)
     try:  # the overrides go through the same schema as params.yaml
         bench = type(params.benchmark).model_validate({**params.benchmark.model_dump(), **overrides})
     except ValidationError as exc:

@@ -31,17 +31,17 @@ def main() -> None:
 
 
 def evaluate_sweep(params, name: str) -> None:
-    args = argparse.Namespace(sweep=name)
-    sweep = get_sweep(params, args.sweep)
+    """Score every run of sweep ``name`` → metrics/<name>.json."""
+    sweep = get_sweep(params, name)
     runs = {}
     for arch in sweep.archs:
-        cfg = sweep_config(params, args.sweep, arch)
+        cfg = sweep_config(params, name, arch)
         input_cfg = {**cfg.input.model_dump(), "workers": cfg.runtime.workers}
         for stem in sweep.stems:
             for seed in sweep.seeds:
-                path = run_dir(args.sweep, arch, stem, seed)
+                path = run_dir(name, arch, stem, seed)
                 kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
-                if SWEEPS[args.sweep].evaluate == "fewshot":
+                if SWEEPS[name].evaluate == "fewshot":
                     fs = sweep.fewshot
                     runs[run_name(arch, stem, seed)] = evaluate_fewshot_run(
                         path, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
@@ -49,12 +49,12 @@ def evaluate_sweep(params, name: str) -> None:
                         pool_size=fs.pool_size, **kw)
                 else:
                     runs[run_name(arch, stem, seed)] = evaluate_run(path, PREPARED, input_cfg, **kw)
-    out = Path("metrics") / f"{args.sweep}.json"
-    first = run_dir(args.sweep, sweep.archs[0], sweep.stems[0], sweep.seeds[0])
+    out = Path("metrics") / f"{name}.json"
+    first = run_dir(name, sweep.archs[0], sweep.stems[0], sweep.seeds[0])
     splits = load_manifest(PREPARED)["splits"]
     write_json_atomic(out, {
-        "profile": params.profile, "dataset": params.data.name, "sweep": args.sweep,
-        "evaluate": SWEEPS[args.sweep].evaluate, "recipe": describe_recipe(read_config(first)),
+        "profile": params.profile, "dataset": params.data.name, "sweep": name,
+        "evaluate": SWEEPS[name].evaluate, "recipe": describe_recipe(read_config(first)),
         "data": {"name": params.data.name, "train_examples": splits["train"]["examples"],
                  "val_examples": splits["val"]["examples"]},
         "runs": runs})

@@ -40,9 +40,6 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
     determinism.configure(deterministic)
 
 
-pick_device = distributed.pick_device
-
-
 def grad_norms_by_layer(model: torch.nn.Module) -> dict[str, float]:
     """L2 norm of the gradient of the stem and of each transformer block (Figures 2 and 4).
 
