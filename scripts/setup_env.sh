@@ -8,15 +8,20 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# 1. Real data for the smoke profile: Fashion-MNIST from Debian (MIT licence, ~30 MB).
+# 1. Real data for the smoke profile from Debian: Fashion-MNIST (MIT licence, ~30 MB) and WordNet's
+#    noun glosses (the LiT smoke captions, Table 4).
 FMNIST=/usr/share/datasets/fashion-mnist
-if [ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
-  echo "[setup] installing Debian package dataset-fashion-mnist"
+WORDNET=/usr/share/wordnet/data.noun
+missing=()
+[ -f "$FMNIST/train-images-idx3-ubyte.gz" ] || missing+=(dataset-fashion-mnist)
+[ -f "$WORDNET" ] || missing+=(wordnet-base)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing Debian packages ${missing[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   if command -v apt-get >/dev/null; then
-    $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null
+    $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "[setup] no apt-get: put the four Fashion-MNIST idx .gz files in $FMNIST or set data.source" >&2
+    echo "[setup] no apt-get: install ${missing[*]} (or put the Fashion-MNIST idx .gz files in $FMNIST)" >&2
   fi
 fi
 
@@ -37,6 +42,7 @@ echo "[setup] installing torch + torchvision"
 "$PY" -m pip install --quiet -r requirements/torch.txt
 echo "[setup] installing pinned packages"
 "$PY" -m pip install --quiet -r requirements/base.txt -c requirements/constraints.txt
+"$PY" -m pip install --quiet --no-deps -r requirements/data-nodeps.txt
 PY="$PY" bash scripts/build_mmcv.sh
 "$PY" -m pip install --quiet --no-deps -e .
 "$PY" -m pip check >/dev/null || { "$PY" -m pip check | grep -v "^mmcv" >&2 || true; }
