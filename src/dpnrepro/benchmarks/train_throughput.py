@@ -436,7 +436,9 @@ def run_benchmark(
         raise UserError("benchmark: rounds and steps_per_round must be >= 1")
     optim_cfg = optim_cfg or DEFAULT_OPTIM
     grad_clip = float(getattr(optim_cfg, "grad_clip", 0.0) or 0.0)
-    dev = pick_device(device, setting="benchmark.device")
+    if device == "cuda" and not torch.cuda.is_available():  # pick_device's message names train.device
+        raise UserError("benchmark.device is 'cuda' but no CUDA device is visible; use --device auto or cpu")
+    dev = pick_device(device)
     if hardware is None:
         from dpnrepro.cli import hardware_label
 

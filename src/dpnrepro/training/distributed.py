@@ -58,19 +58,18 @@ def env_world() -> tuple[int, int, int]:
             int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def pick_device(name: str, setting: str = "train.device") -> torch.device:
-    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun);
-    ``setting`` names the param in error messages."""
-    return resolve_device(name, env_world()[2], setting=setting)
+def pick_device(name: str) -> torch.device:
+    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun)."""
+    return resolve_device(name, env_world()[2])
 
 
-def resolve_device(name: str, local_rank: int = 0, *, setting: str = "train.device") -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``train.device`` (auto/cpu/cuda) → this process's device (``cuda:LOCAL_RANK`` on GPUs)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"{setting} is 'cuda' but no CUDA device is visible; set {setting}: auto or cpu")
+            raise UserError("train.device is 'cuda' but no CUDA device is visible; set train.device: auto or cpu")
         if local_rank >= torch.cuda.device_count():
             raise UserError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA device(s) visible; "
                             "set torchrun --nproc_per_node to at most the number of GPUs per node")
