@@ -68,6 +68,8 @@ def test_markdown_names_device_and_cpu_caveat(tiny_result):
     assert "not evaluated" in md and "MFU is n/a" in md
     assert "| Mu-7 | dpn |" in md and "| Mu-7 | timm stock |" in md
     assert "6 interleaved rounds" in md and "96.9 % with 6 rounds" in md
+    timm_row = next(line for line in md.splitlines() if line.startswith("| Mu-7 | timm stock |"))
+    assert timm_row.endswith("] |")  # timm vs our conv stem, with its CI
 
 
 def test_matmul_reference_is_positive():

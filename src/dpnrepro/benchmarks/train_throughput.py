@@ -598,6 +598,15 @@ def _pct_ci(c: dict | None) -> str:
     return text + (" (no CI)" if ci is None else f" [{ci[0]:+.1f}, {ci[1]:+.1f}]")
 
 
+def _vs(row: dict, ref: dict | None) -> dict | None:
+    """A comparison cell's numbers for ``row`` against ``ref`` from their per-round times (e.g. timm vs conv)."""
+    if not ref or "ms_per_step_rounds" not in ref:
+        return None
+    s = ratio_summary(row["ms_per_step_rounds"], ref["ms_per_step_rounds"])
+    return {"median_pct": 100 * (s["median"] - 1),
+            "ci_pct": None if s["lo"] is None else [100 * (s["lo"] - 1), 100 * (s["hi"] - 1)]}
+
+
 def render_markdown(res: dict) -> str:
     """``reports/benchmarks.md`` from :func:`run_benchmark`'s result."""
     cpu = res["device_type"] != "cuda"
@@ -617,7 +626,7 @@ def render_markdown(res: dict) -> str:
         + ("; **deterministic algorithms on (slower kernels)**" if res.get("deterministic_algorithms") else ""),
         f"- batch {res['batch_size']}, {res['img_size']} px, {res['num_classes']} classes; one random batch "
         "generated once on the device",
-        f"- timing: per arch, every model is built and warmed up ({res['warmup_steps']} untimed steps), then "
+        f"- timing: per arch, every model is built and warmed up ({res['warmup_steps']} untimed step(s)), then "
         f"**{n_rounds} interleaved rounds**; each round runs one block of {res['steps_per_round']} timed steps "
         f"of every model, in an order reshuffled every round (seed {res['seed']}; orders in the JSON), "
         + ("CUDA events" if not cpu else "`time.perf_counter`")
@@ -681,7 +690,7 @@ def render_markdown(res: dict) -> str:
                 ratio = (_f(r["mfu_pct"], ".1f") + ("" if r["mfu_pct"] is None else
                                                     f" % {_ci(r['mfu_pct_ci'])}"))
             mem = None if r["peak_mem_bytes"] is None else r["peak_mem_bytes"] / 2**30
-            vs = "—" if variant == "conv" else _pct_ci(comps.get(f"{variant}_vs_conv"))
+            vs = "—" if variant == "conv" else _pct_ci(comps.get(f"{variant}_vs_conv") or _vs(r, rows.get("conv")))
             lines.append(
                 f"| {arch} | {label} | {r['params_m']:.1f} | {r['ms_per_step']:.1f} {_ci(r['ms_per_step_ci'])} "
                 f"| {r['img_per_s']:,.1f} | {r['achieved_tflops']:.3g} | {ratio} | {_f(mem, '.2f')} | {vs} |")
