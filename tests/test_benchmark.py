@@ -159,3 +159,28 @@ def test_input_stage_cli_keeps_stage_outputs(tmp_path, monkeypatch, capsys):
         runpy.run_path(str(REPO / "stages" / "bench_input.py"), run_name="__main__")
     assert exc.value.code == 2 and "--rounds 0" in capsys.readouterr().err
     assert not (tmp_path / "metrics").exists()
+
+
+def test_oom_in_a_timing_round_drops_only_that_model(monkeypatch):
+    """A GPU OOM while the arch's models are resident (simulated on CPU) gives that model an error row; the
+    others finish their rounds and are still compared."""
+    from dpnrepro.benchmarks import train_throughput as tt
+
+    real_block = tt._Contender.time_block
+    calls = {"n": 0}
+
+    def flaky_block(self, steps):
+        if "'linear'" in self.name:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_block(self, steps)
+
+    monkeypatch.setattr(tt._Contender, "time_block", flaky_block)
+    monkeypatch.setattr(tt, "_is_cuda_oom", lambda exc, device: "out of memory" in str(exc))
+    res = run_benchmark(["Mu-7"], ["conv", "linear", "dpn"], timm_reference=False, measure_matmul=False, **TINY)
+    rows = res["results"]["Mu-7"]
+    assert "round 2" in rows["linear"]["error"]
+    assert len(rows["dpn"]["ms_per_step_rounds"]) == 6 and len(rows["conv"]["ms_per_step_rounds"]) == 6
+    assert set(res["comparisons"]["Mu-7"]) == {"dpn_vs_conv"}
+    assert "| Mu-7 | linear | | | | | | | CUDA out of memory in timing round 2" in render_markdown(res)

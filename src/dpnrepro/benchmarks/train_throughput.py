@@ -512,7 +512,18 @@ def run_benchmark(
             for r, order in enumerate(schedule):
                 bar.set_description(f"benchmark {key} round {r + 1}/{rounds}")
                 for variant in order:
-                    block_ms[variant].append(live[variant].time_block(steps_per_round))
+                    if variant in live:
+                        try:
+                            block_ms[variant].append(live[variant].time_block(steps_per_round))
+                        except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
+                            if not _is_cuda_oom(exc, dev):
+                                raise
+                            # the other models of the arch are resident: drop this one, keep the rest going
+                            live.pop(variant).release()
+                            rows[variant] = {"error": f"CUDA out of memory in timing round {r + 1} at batch "
+                                                      f"{batch_size} ({n_variants} models resident)"}
+                            gc.collect()
+                            torch.cuda.empty_cache()
                     bar.update(1)
             recompiled[key] = compile and _compiled_graphs() != graphs_before
             for variant, c in live.items():
