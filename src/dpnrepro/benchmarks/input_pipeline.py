@@ -143,7 +143,7 @@ def measure(backend: str, images: list[bytes], n: int, seed: int = 0, **kw) -> f
 SPEEDUPS = {"fast_over_pil": ("fast", "pil"), "fast_pixels_over_pil": ("fast_pixels", "pil")}
 
 
-def run_input_benchmark(n: int = 100, rounds: int = 15, seed: int = 0, size: int = 224,
+def run_input_benchmark(n: int = 100, rounds: int = 20, seed: int = 0, size: int = 224,
                         randaug: str = DEFAULT_RANDAUG, max_side: int = 500, quality: int = 90,
                         progress: bool = False) -> dict:
     """Interleaved rounds of ``pil``, ``fast`` and ``fast_pixels`` (order reshuffled per round with
