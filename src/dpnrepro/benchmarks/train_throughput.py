@@ -726,7 +726,7 @@ def render_markdown(res: dict) -> str:
         verdict = t["verdict"] if t["verdict"] in ("not evaluated", "not resolved") else f"**{t['verdict']}**"
         if t.get("note"):
             verdict += f" ({t['note']})"
-        measured = "n/a" if t["value"] is None else f"{t['value']:+.1f} % {_ci(t['ci'])}" \
+        measured = "n/a" if t["value"] is None else f"{t['value']:+.1f} % {_ci(t['ci'], '+.1f')}" \
             if "overhead" in t["what"] else f"{t['value']:.1f} % {_ci(t['ci'])}"
         lines.append(f"| {t['what']} | {t['op']} {t['threshold']:g} % | {measured} | {verdict} |")
     lines += [
