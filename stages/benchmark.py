@@ -5,7 +5,7 @@ timm's stock ViT, on synthetic input → metrics/benchmarks.json + reports/bench
 command-line overrides (e.g. on a GPU machine) the results go to other files, never to the DVC outputs,
 which must stay a function of the tracked params:
 
-    python stages/benchmark.py --device cuda --batch-size 256 --steps 50 --warmup-steps 10 --compile
+    python stages/benchmark.py --device cuda --batch-size 256 --rounds 20 --steps-per-round 10 --compile
     # -> metrics/benchmarks_cli.json, reports/benchmarks_cli.md (or --out-json / --out-md)
 """
 
@@ -36,11 +36,13 @@ def main() -> None:
     ap.add_argument("--timm-reference", action=argparse.BooleanOptionalAction, default=None,
                     help="also run timm's stock vit_* model per arch (default: benchmark.timm_reference)")
     ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--img-size", type=int)
     ap.add_argument("--warmup-steps", type=int)
-    ap.add_argument("--steps", type=int)
+    ap.add_argument("--rounds", type=int, help="interleaved timing rounds (>= 6 for a 95 %% CI)")
+    ap.add_argument("--steps-per-round", type=int, help="timed steps per model per round")
+    ap.add_argument("--seed", type=int, help="weights, synthetic batch and per-round model order")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the models")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--img-size", type=int)
     ap.add_argument("--num-classes", type=int)
     ap.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: datasheet dense bf16 table)")
     ap.add_argument("--out-json", help=f"default: {STAGE_OUTS[0]}, or {CLI_OUTS[0]} with overrides")
@@ -51,10 +53,11 @@ def main() -> None:
     params = load_params(args.params)
     overrides = {k: v for k, v in {
         "archs": args.archs, "stems": args.stems, "timm_reference": args.timm_reference,
-        "batch_size": args.batch_size, "warmup_steps": args.warmup_steps, "steps": args.steps,
+        "batch_size": args.batch_size, "img_size": args.img_size, "warmup_steps": args.warmup_steps,
+        "rounds": args.rounds, "steps_per_round": args.steps_per_round, "seed": args.seed,
         "compile": args.compile, "device": args.device}.items() if v is not None}
     custom = bool(overrides) or args.params != "params.yaml" or any(
-        v is not None for v in (args.img_size, args.num_classes, args.peak_tflops))
+        v is not None for v in (args.num_classes, args.peak_tflops))
     defaults = CLI_OUTS if custom else STAGE_OUTS
     args.out_json, args.out_md = args.out_json or defaults[0], args.out_md or defaults[1]
     if custom and {args.out_json, args.out_md} & set(STAGE_OUTS):
@@ -70,9 +73,10 @@ def main() -> None:
 
     result = run_benchmark(
         bench.archs, bench.stems, timm_reference=bench.timm_reference, batch_size=bench.batch_size,
-        warmup_steps=bench.warmup_steps, steps=bench.steps, compile=bench.compile, device=bench.device,
-        img_size=args.img_size or 224, num_classes=args.num_classes or 1000, optim_cfg=params.train,
-        peak_tflops=args.peak_tflops, hardware=hardware_label(measured_on=True), progress=not args.no_progress)
+        warmup_steps=bench.warmup_steps, rounds=bench.rounds, steps_per_round=bench.steps_per_round,
+        compile=bench.compile, device=bench.device, img_size=bench.img_size, num_classes=args.num_classes or 1000,
+        optim_cfg=params.train, peak_tflops=args.peak_tflops, hardware=hardware_label(measured_on=True),
+        seed=bench.seed, progress=not args.no_progress)
     write_json_atomic(args.out_json, result)
     write_text_atomic(args.out_md, render_markdown(result))
     print(f"wrote {args.out_json}, {args.out_md} ({result['device']})")

@@ -1,8 +1,10 @@
-"""A tiny end-to-end run of the training-throughput benchmark on CPU (library and stage entry point)."""
+"""Tiny end-to-end runs of the training-throughput and input-pipeline benchmarks on CPU (library and stage
+entry points). The statistics themselves are checked by hand in test_bench_rounds.py."""
 from __future__ import annotations
 
 import json
 import runpy
+import statistics
 import sys
 
 import pytest
@@ -16,7 +18,8 @@ from dpnrepro.benchmarks.train_throughput import (
 )
 from dpnrepro.errors import UserError
 
-TINY = {"batch_size": 2, "warmup_steps": 1, "steps": 1, "device": "cpu", "img_size": 28, "num_classes": 10, "progress": False}
+TINY = {"batch_size": 2, "warmup_steps": 1, "rounds": 6, "steps_per_round": 1, "device": "cpu", "img_size": 28,
+        "num_classes": 10, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +42,34 @@ def test_result_fields(tiny_result):
         assert row["mfu_pct"] is None and row["vs_matmul_pct"] is None
         assert row["train_gflop_per_img"] == pytest.approx(3 * row["fwd_gflop_per_img"])
         assert row["img_per_s"] == pytest.approx(2 / (row["ms_per_step"] / 1e3))
+        # one block per round; ms/step is their median, inside its CI ([min, max] for 6 rounds)
+        block = row["ms_per_step_rounds"]
+        assert len(block) == 6 and row["ms_per_step"] == pytest.approx(statistics.median(block))
+        assert row["ms_per_step_ci"] == [min(block), max(block)]
     assert rows["timm"]["model"].startswith("timm VisionTransformer")  # timm registers no Mu size
-    assert set(res["comparisons"]["Mu-7"]) == {"dpn_vs_conv_pct", "linear_vs_conv_pct", "conv_vs_timm_pct",
-                                               "dpn_vs_timm_pct"}
-    assert all(t["met"] is None and "CPU" in t["note"] for t in res["targets"].values())
+    # every round ran every model once, in a shuffled order
+    orders = res["round_orders"]["Mu-7"]
+    assert len(orders) == 6 and all(sorted(o) == sorted(rows) for o in orders)
+    comps = res["comparisons"]["Mu-7"]
+    assert set(comps) == {"dpn_vs_conv", "linear_vs_conv", "conv_vs_timm", "dpn_vs_timm"}
+    c = comps["dpn_vs_conv"]  # paired by round: the ratios are the per-round block-time ratios
+    assert c["ratios"] == pytest.approx([d / b for d, b in zip(rows["dpn"]["ms_per_step_rounds"],
+                                                               rows["conv"]["ms_per_step_rounds"])])
+    assert c["median_pct"] == pytest.approx(100 * (statistics.median(c["ratios"]) - 1))
+    assert c["ci_pct"][0] <= c["median_pct"] <= c["ci_pct"][1] and c["rounds"] == 6
+    assert c["resolved"] in ("slower", "faster", "not resolved")
+    assert all(t["verdict"] == "not evaluated" and "CPU" in t["note"] for t in res["targets"].values())
     json.dumps(res)  # JSON-able as metrics
 
 
 def test_markdown_names_device_and_cpu_caveat(tiny_result):
     md = render_markdown(tiny_result)
     assert tiny_result["device"] in md
-    assert "not measurable" in md and "MFU is n/a" in md
+    assert "not evaluated" in md and "MFU is n/a" in md
     assert "| Mu-7 | dpn |" in md and "| Mu-7 | timm stock |" in md
+    assert "6 interleaved rounds" in md and "96.9 % with 6 rounds" in md
+    timm_row = next(line for line in md.splitlines() if line.startswith("| Mu-7 | timm stock |"))
+    assert timm_row.endswith("] |")  # timm vs our conv stem, with its CI
 
 
 def test_matmul_reference_is_positive():
@@ -64,18 +83,25 @@ def test_bad_names_are_user_errors():
         run_benchmark(["Mu-7"], ["nope"], **TINY)
     with pytest.raises(UserError, match="not divisible"):
         run_benchmark(["Mu-8"], ["dpn"], **TINY)
+    with pytest.raises(UserError, match="warm-up"):
+        run_benchmark(["Mu-7"], ["dpn"], **{**TINY, "warmup_steps": 0})
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="benchmark.device is 'cuda'"):
+            run_benchmark(["Mu-7"], ["dpn"], **{**TINY, "device": "cuda"})
 
 
 def test_stage_cli_writes_outputs(tmp_path, monkeypatch):
     out_json, out_md = tmp_path / "metrics" / "benchmarks.json", tmp_path / "reports" / "benchmarks.md"
     monkeypatch.setattr(sys, "argv", [
         "benchmark.py", "--params", str(REPO / "params.yaml"), "--archs", "Mu-7", "--stems", "dpn",
-        "--no-timm-reference", "--batch-size", "2", "--warmup-steps", "0", "--steps", "1", "--device", "cpu",
+        "--no-timm-reference", "--batch-size", "2", "--warmup-steps", "1", "--rounds", "6", "--steps-per-round", "1",
+        "--device", "cpu",
         "--img-size", "28", "--num-classes", "10", "--out-json", str(out_json), "--out-md", str(out_md),
         "--no-progress"])
     runpy.run_path(str(REPO / "stages" / "benchmark.py"), run_name="__main__")
     res = json.loads(out_json.read_text())
-    assert list(res["results"]["Mu-7"]) == ["dpn"] and res["batch_size"] == 2
+    assert list(res["results"]["Mu-7"]) == ["dpn"] and res["batch_size"] == 2 and res["rounds"] == 6
+    assert res["img_size"] == 28 and res["comparisons"]["Mu-7"] == {}  # one model: nothing to compare
     assert res["device"] in out_md.read_text()
 
 
@@ -87,3 +113,74 @@ def test_stage_cli_rejects_bad_override(tmp_path, monkeypatch, capsys):
     assert exc.value.code == 2
     assert "batch_size" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--rounds", "5"), ("--steps-per-round", "0"), ("--warmup-steps", "0")])
+def test_stage_cli_rejects_too_few_rounds_or_steps(tmp_path, monkeypatch, capsys, flag, value):
+    monkeypatch.setattr(sys, "argv", ["benchmark.py", "--params", str(REPO / "params.yaml"), flag, value,
+                                      "--out-json", str(tmp_path / "b.json"), "--out-md", str(tmp_path / "b.md")])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "stages" / "benchmark.py"), run_name="__main__")
+    assert exc.value.code == 2
+    assert flag[2:].replace("-", "_") in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.fixture
+def restore_threads(monkeypatch):
+    """The input stage runs single-threaded in this process: give the other tests their threads back."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_input_stage_cli_writes_outputs(tmp_path, monkeypatch, restore_threads):
+    out_json, out_md = tmp_path / "input.json", tmp_path / "input.md"
+    monkeypatch.setattr(sys, "argv", ["bench_input.py", "--n", "2", "--rounds", "6", "--size", "32",
+                                      "--out-json", str(out_json), "--out-md", str(out_md), "--no-progress"])
+    runpy.run_path(str(REPO / "stages" / "bench_input.py"), run_name="__main__")
+    res = json.loads(out_json.read_text())
+    assert res["rounds"] == 6 and res["n_per_round"] == 2 and res["image_size"] == 32
+    assert all(len(b["rounds_img_per_s_per_core"]) == 6 for b in res["backends"].values())
+    sp = res["speedups"]["fast_over_pil"]
+    assert sp["ci"][0] <= sp["median"] <= sp["ci"][1] and sp["resolved"] in ("faster", "slower", "not resolved")
+    assert "interleaved rounds" in out_md.read_text()
+
+
+def test_input_stage_cli_keeps_stage_outputs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bench_input.py", "--rounds", "6", "--out-json", "metrics/input_pipeline.json"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "stages" / "bench_input.py"), run_name="__main__")
+    assert exc.value.code == 2 and "stage's outputs" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["bench_input.py", "--rounds", "0"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "stages" / "bench_input.py"), run_name="__main__")
+    assert exc.value.code == 2 and "--rounds 0" in capsys.readouterr().err
+    assert not (tmp_path / "metrics").exists()
+
+
+def test_oom_in_a_timing_round_drops_only_that_model(monkeypatch):
+    """A GPU OOM while the arch's models are resident (simulated on CPU) gives that model an error row; the
+    others finish their rounds and are still compared."""
+    from dpnrepro.benchmarks import train_throughput as tt
+
+    real_block = tt._Contender.time_block
+    calls = {"n": 0}
+
+    def flaky_block(self, steps):
+        if "'linear'" in self.name:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_block(self, steps)
+
+    monkeypatch.setattr(tt._Contender, "time_block", flaky_block)
+    monkeypatch.setattr(tt, "_is_cuda_oom", lambda exc, device: "out of memory" in str(exc))
+    res = run_benchmark(["Mu-7"], ["conv", "linear", "dpn"], timm_reference=False, measure_matmul=False, **TINY)
+    rows = res["results"]["Mu-7"]
+    assert "round 2" in rows["linear"]["error"]
+    assert len(rows["dpn"]["ms_per_step_rounds"]) == 6 and len(rows["conv"]["ms_per_step_rounds"]) == 6
+    assert set(res["comparisons"]["Mu-7"]) == {"dpn_vs_conv"}
+    assert "| Mu-7 | linear | | | | | | | CUDA out of memory in timing round 2" in render_markdown(res)

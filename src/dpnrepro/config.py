@@ -257,8 +257,11 @@ class BenchmarkParams(_Section):
     stems: list[str] = Field(default_factory=lambda: ["conv", "linear", "dpn"], min_length=1)
     timm_reference: bool = True
     batch_size: int = Field(8, gt=0)
-    warmup_steps: int = Field(2, ge=0)
-    steps: int = Field(5, gt=0)
+    img_size: int = Field(224, gt=0)
+    warmup_steps: int = Field(2, ge=1)
+    rounds: int = Field(10, ge=6)  # interleaved rounds; a 95 % CI for the median needs >= 6
+    steps_per_round: int = Field(2, gt=0)  # timed steps per model per round
+    seed: int = 0  # weights, synthetic batch and the per-round model order
     compile: bool = False
     device: Literal["auto", "cpu", "cuda"] = "auto"
 

@@ -8,8 +8,13 @@ What one timed image costs (both backends, one thread, per-example seeding as in
 ``pil`` is ``Image.open`` + the torchvision-v2/timm transform of :func:`dpnrepro.data.loader.build_transform`;
 ``fast`` feeds the same bytes to :class:`dpnrepro.data.fast.FastTrainTransform`. Throughput per core is
 images / CPU seconds of this (single-threaded) process, so other load on a shared machine inflates it
-less than wall time would; both are recorded. Backends alternate in rounds (order flipped each round) and
-the median round counts, to even out frequency and contention drift.
+less than wall time would; both are recorded.
+
+Timing design (:mod:`dpnrepro.benchmarks.rounds`): ``rounds`` rounds, each timing one block of ``n``
+images per backend in an order reshuffled every round with a fixed seed, so drift of the machine hits
+all backends alike. A backend's img/s per core is the median over rounds; a speed-up ``fast`` / ``pil``
+is the median over rounds of the per-round ratio (paired by round) with a distribution-free 95 % CI for
+that median (order statistics); "faster" / "slower" only when the CI excludes 1, else "not resolved".
 
 Images: photographs bundled with installed packages — scikit-image's ``skimage/data`` (astronaut, chelsea,
 coffee, rocket, hubble_deep_field, motorcycle_left) and matplotlib's ``grace_hopper.jpg`` — resized
@@ -23,11 +28,11 @@ import importlib.util
 import io
 import os
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from dpnrepro.benchmarks.rounds import MIN_ROUNDS, compare, median_ci, ratio_summary, round_orders
 from dpnrepro.errors import UserError
 
 SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "hubble_deep_field.jpg",
@@ -134,28 +139,52 @@ def measure(backend: str, images: list[bytes], n: int, seed: int = 0, **kw) -> f
     return n / max(cpu, 1e-9)
 
 
-def run_input_benchmark(n: int = 200, rounds: int = 5, seed: int = 0, size: int = 224,
-                        randaug: str = DEFAULT_RANDAUG, max_side: int = 500, quality: int = 90) -> dict:
-    """Interleaved rounds of ``pil`` and ``fast``; medians of img/s per core (CPU time) and of wall img/s."""
+# Speed-ups reported: key -> (backend, reference backend).
+SPEEDUPS = {"fast_over_pil": ("fast", "pil"), "fast_pixels_over_pil": ("fast_pixels", "pil")}
+
+
+def run_input_benchmark(n: int = 100, rounds: int = 20, seed: int = 0, size: int = 224,
+                        randaug: str = DEFAULT_RANDAUG, max_side: int = 500, quality: int = 90,
+                        progress: bool = False) -> dict:
+    """Interleaved rounds of ``pil``, ``fast`` and ``fast_pixels`` (order reshuffled per round with
+    ``seed``); per backend the median over rounds of img/s per core (CPU time) and of wall img/s, per
+    speed-up the median of the per-round ratios with its 95 % CI."""
+    from tqdm.auto import tqdm
+
     from dpnrepro.cli import hardware_label
 
+    if n < 1 or rounds < 1:
+        raise UserError("input benchmark: n and rounds must be >= 1")
     _single_thread()
     images, info = load_photos(max_side, quality)
-    store = tempfile.TemporaryDirectory(prefix="pixel_store_")
-    inputs = {"pil": images, "fast": images, "fast_pixels": decode_all(images, store.name)}
-    pipelines = {b: make_pipeline(b, size=size, randaug=randaug) for b in inputs}
-    for b, p in pipelines.items():
-        _timed(p, inputs[b], 20, seed + 1)
-    per_core = {b: [] for b in pipelines}
-    wall = {b: [] for b in pipelines}
-    for r in range(rounds):
-        order = list(pipelines) if r % 2 == 0 else list(reversed(pipelines))
-        for b in order:
-            cpu, w = _timed(pipelines[b], inputs[b], n, seed + r)
-            per_core[b].append(n / cpu)
-            wall[b].append(n / w)
-    med = {b: statistics.median(v) for b, v in per_core.items()}
-    ratios = [f / p for f, p in zip(per_core["fast"], per_core["pil"])]
+    with tempfile.TemporaryDirectory(prefix="pixel_store_") as store:
+        inputs = {"pil": images, "fast": images, "fast_pixels": decode_all(images, store)}
+        pipelines = {b: make_pipeline(b, size=size, randaug=randaug) for b in inputs}
+        for b, p in pipelines.items():
+            _timed(p, inputs[b], 20, seed + 1)  # warm-up: imports, first-call allocations
+        per_core = {b: [] for b in pipelines}
+        wall = {b: [] for b in pipelines}
+        orders = round_orders(list(pipelines), rounds, seed)
+        with tqdm(total=rounds * len(pipelines), desc="bench_input", unit="block", disable=not progress) as bar:
+            for r, order in enumerate(orders):
+                for b in order:
+                    cpu, w = _timed(pipelines[b], inputs[b], n, seed + r)  # same images and draws every backend
+                    per_core[b].append(n / max(cpu, 1e-9))
+                    wall[b].append(n / max(w, 1e-9))
+                    bar.update(1)
+
+    backends = {}
+    for b in pipelines:
+        med, lo, hi, cov = median_ci(per_core[b])
+        backends[b] = {"img_per_s_per_core": med, "img_per_s_per_core_ci": None if lo is None else [lo, hi],
+                       "wall_img_per_s": median_ci(wall[b])[0], "rounds_img_per_s_per_core": per_core[b],
+                       "rounds_wall_img_per_s": wall[b]}
+    speedups = {}
+    for key, (a, ref) in SPEEDUPS.items():
+        sm = ratio_summary(per_core[a], per_core[ref])  # img/s ratio: > 1 means ``a`` is faster
+        speedups[key] = {"backend": a, "reference": ref, "median": sm["median"],
+                         "ci": None if sm["lo"] is None else [sm["lo"], sm["hi"]], "ci_coverage": sm["coverage"],
+                         "resolved": compare(sm, above="faster", below="slower"), "ratios": sm["ratios"]}
     return {
         "hardware": hardware_label(measured_on=True),
         "threads": 1,
@@ -169,46 +198,64 @@ def run_input_benchmark(n: int = 200, rounds: int = 5, seed: int = 0, size: int 
         "n_per_round": n,
         "rounds": rounds,
         "seed": seed,
-        "pil_img_per_s_per_core": round(med["pil"], 1),
-        "fast_img_per_s_per_core": round(med["fast"], 1),
-        "ratio_fast_over_pil": round(med["fast"] / med["pil"], 2),
-        "fast_pixels_img_per_s_per_core": round(med["fast_pixels"], 1),
-        "ratio_fast_pixels_over_pil": round(med["fast_pixels"] / med["pil"], 2),
-        "ratio_per_round_median": round(statistics.median(ratios), 2),
-        **{f"{b}_wall_img_per_s": round(statistics.median(v), 1) for b, v in wall.items()},
-        "rounds_img_per_s_per_core": {b: [round(x, 1) for x in v] for b, v in per_core.items()},
+        "round_orders": orders,
+        "statistic": ("median over rounds; speed-ups: median of the per-round img/s ratios (paired by round), "
+                      "95 % CI for the median from order statistics (distribution-free, exact binomial coverage)"),
+        "backends": backends,
+        "speedups": speedups,
     }
+
+
+def _ci(ci, fmt: str) -> str:
+    return "(no CI)" if ci is None else f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]"
 
 
 def render_markdown(res: dict) -> str:
     """``reports/input_pipeline.md``."""
+    b, sp = res["backends"], res["speedups"]
+    cov = next((x["ci_coverage"] for x in sp.values() if x["ci_coverage"]), None)
+
+    def cell(name):
+        return f"{b[name]['img_per_s_per_core']:.1f} {_ci(b[name]['img_per_s_per_core_ci'], '.1f')}"
+
+    def speed(key):
+        x = sp[key]
+        return f"**{x['median']:.2f}x** {_ci(x['ci'], '.2f')} ({x['resolved']})"
+
     lines = [
         "# Input pipeline throughput per CPU core",
         "",
-        f"- hardware: {res['hardware']} (one thread; `OMP_NUM_THREADS={res['omp_num_threads'] or 'unset'}`)",
+        "Generated by `stages/bench_input.py`.",
+        "",
+        f"- measured on: {res['hardware']} (one thread; `OMP_NUM_THREADS={res['omp_num_threads'] or 'unset'}`)",
         f"- images: {res['image_source']}: "
         + ", ".join(f"{i['name']} {i['size'][0]}x{i['size'][1]}" for i in res["images"]),
         f"- op chain (both backends): {res['op_chain']}",
-        f"- {res['rounds']} interleaved rounds of {res['n_per_round']} images per backend, each image seeded "
-        "per example; img/s per core = images / process CPU seconds, median over rounds",
+        f"- timing: {res['rounds']} interleaved rounds; each round runs one block of {res['n_per_round']} images "
+        f"per backend, in an order reshuffled every round (seed {res['seed']}; orders in the JSON), every image "
+        "seeded per example (same draws for every backend); img/s per core = images / process CPU seconds",
+        "- statistics: per backend the median over rounds; a speed-up is the median over rounds of the "
+        "per-round img/s-per-core ratio (paired by round); brackets are **95 % CIs for the median from order "
+        "statistics** (distribution-free; exact binomial coverage"
+        + (f" {100 * cov:.1f} % with {res['rounds']} rounds" if cov else
+           f"; none with fewer than {MIN_ROUNDS} rounds") + "); \"faster\" only when the CI excludes 1x",
         "",
-        "| backend | img/s per core | wall img/s | what it does |",
+        "| backend | img/s per core, median [95 % CI] | wall img/s (median) | what it does |",
         "|---|---:|---:|---|",
-        f"| `pil` | {res['pil_img_per_s_per_core']:.1f} | {res['pil_wall_img_per_s']:.1f} | PIL decode, torchvision v2 "
+        f"| `pil` | {cell('pil')} | {b['pil']['wall_img_per_s']:.1f} | PIL decode, torchvision v2 "
         "RandomResizedCrop + flip, timm RandAugment (PIL), v2 ToDtype + Normalize |",
-        f"| `fast` | {res['fast_img_per_s_per_core']:.1f} | {res['fast_wall_img_per_s']:.1f} | crop sampled from the "
+        f"| `fast` | {cell('fast')} | {b['fast']['wall_img_per_s']:.1f} | crop sampled from the "
         "JPEG header; `torchvision.io.decode_jpeg` straight into a uint8 tensor (PIL DCT-scaled `draft` decode "
         "when the crop allows 1/2-1/8); uint8 crop + antialiased bilinear resize (torch channels-last kernel); "
         "flip and RandAugment on the uint8 crop (Rotate/Shear/Sharpness in OpenCV, LUT ops and Brightness in "
         "NumPy, the rest timm's PIL ops); one float conversion |",
-        f"| `fast` from the pixel store | {res['fast_pixels_img_per_s_per_core']:.1f} | "
-        f"{res['fast_pixels_wall_img_per_s']:.1f} | the `fast` transform fed the uint8 pixels of a prepare-time "
+        f"| `fast` from the pixel store | {cell('fast_pixels')} | {b['fast_pixels']['wall_img_per_s']:.1f} | the "
+        "`fast` transform fed the uint8 pixels of a prepare-time "
         "pixel store (`data.pixel_store_side`, `data/pixel_store.py`; memory-mapped, ~9x the bytes of JPEG q90) "
         "— no decode at train time; what smoke and mini train from |",
         "",
-        f"**fast / pil = {res['ratio_fast_over_pil']:.2f}x** per core (median of per-round ratios "
-        f"{res['ratio_per_round_median']:.2f}x); from the prepare-time pixel store "
-        f"**{res['ratio_fast_pixels_over_pil']:.2f}x**.",
+        f"Speed-up per core over `pil` (median of per-round ratios [95 % CI]): `fast` {speed('fast_over_pil')}; "
+        f"`fast` from the pixel store {speed('fast_pixels_over_pil')}.",
         "",
         "Same samplers and RNG draws in both backends (same crop box, flip, RandAugment ops and magnitudes for "
         "one seed); approximations of `fast` are listed in `src/dpnrepro/data/fast.py` (OpenCV's bicubic/bilinear "

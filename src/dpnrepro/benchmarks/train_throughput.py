@@ -7,11 +7,20 @@ training step for every model:
     → backward → global-norm clip (``grad_clip``, 0 = off) → optimizer step
     (``dpnrepro.training.optim.build_optimizer``: the project's Adam with decoupled weight decay)
 
-``warmup_steps`` untimed steps (they include torch.compile's compilation), then ``steps`` timed steps
-(CUDA events on CUDA, ``time.perf_counter`` on CPU). Reported per model: ms/step, img/s, achieved model
-TFLOP/s (3 × the analytic forward FLOPs of :mod:`dpnrepro.benchmarks.flops`), MFU against the device's
-datasheet dense bf16 peak (CUDA only; "n/a" on CPU and on unknown GPUs), and peak memory
-(``torch.cuda.max_memory_allocated`` on CUDA; the process's peak-RSS increase on CPU).
+Per arch, every model (stems + timm's stock ViT) is built and given ``warmup_steps`` untimed steps
+(they include torch.compile's compilation; peak memory is measured over build + warm-up), then the
+models are timed in **interleaved rounds**: round ``r`` runs one block of ``steps_per_round`` steps of
+every model, in an order reshuffled each round with a fixed seed (:mod:`dpnrepro.benchmarks.rounds`),
+timed with CUDA events on CUDA and ``time.perf_counter`` on CPU. A model's ms/step is the median over
+rounds of its per-round block time / ``steps_per_round``; a comparison (DPN vs conv, linear vs conv,
+ours vs timm) is the median over rounds of the paired per-round step-time ratio with a
+distribution-free 95 % CI for that median (order statistics); a target is "met" / "not met" only
+when the CI lies wholly on one side of its threshold, else "not resolved".
+
+Reported per model: ms/step, img/s, achieved model TFLOP/s (3 × the analytic forward FLOPs of
+:mod:`dpnrepro.benchmarks.flops`), MFU against the device's datasheet dense bf16 peak (CUDA only; "n/a"
+on CPU and on unknown GPUs), and peak memory (``torch.cuda.max_memory_allocated`` on CUDA; the
+process's peak-RSS increase on CPU).
 
 :func:`run_benchmark` returns a JSON-able dict; :func:`render_markdown` turns it into
 ``reports/benchmarks.md``. ``stages/benchmark.py`` is the entry point.
@@ -25,9 +34,8 @@ import gc
 import math
 import os
 import re
-import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import torch
@@ -38,10 +46,13 @@ from dpnrepro.benchmarks.flops import (
     peak_bf16_tflops,
     vit_forward_flops,
 )
+from dpnrepro.benchmarks.rounds import MIN_ROUNDS, compare, median_ci, ratio_summary, round_orders, target_verdict
 from dpnrepro.cli import cpu_model
 from dpnrepro.errors import UserError
+from dpnrepro.training.distributed import pick_device
 
-__all__ = ["TARGETS", "measure_matmul_tflops", "render_markdown", "run_benchmark", "timm_reference_name"]
+__all__ = ["COMPARISONS", "TARGETS", "measure_matmul_tflops", "render_markdown", "run_benchmark",
+           "timm_reference_name"]
 
 # The issue's targets (GPU, bf16): B/16 DPN MFU on one H100, and DPN's step-time overhead over conv.
 TARGETS = {
@@ -50,6 +61,14 @@ TARGETS = {
                              "threshold": 1.0},
     "ti16_dpn_overhead_pct": {"arch": "Ti-16", "what": "Ti/16 DPN step-time overhead over conv stem", "op": "<=",
                               "threshold": 3.0},
+}
+
+# Paired comparisons per arch: key -> (model, reference); reported as (step time ratio - 1) x 100.
+COMPARISONS = {
+    "dpn_vs_conv": ("dpn", "conv"),
+    "linear_vs_conv": ("linear", "conv"),
+    "conv_vs_timm": ("conv", "timm"),
+    "dpn_vs_timm": ("dpn", "timm"),
 }
 
 _TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
@@ -102,14 +121,6 @@ def _build_timm(arch_name: str, img_size: int, num_classes: int) -> tuple[torch.
     model = VisionTransformer(img_size=img_size, patch_size=patch, embed_dim=spec.width, depth=spec.depth,
                               num_heads=spec.heads, mlp_ratio=spec.mlp_dim / spec.width, num_classes=num_classes)
     return model, f"timm VisionTransformer ({arch_name} dims)"
-
-
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("benchmark device is 'cuda' but no CUDA device is visible; use --device auto or cpu")
-    return torch.device(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -187,61 +198,81 @@ def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | Non
     return 2 * n ** 3 * iters / elapsed / 1e12
 
 
+
+
 # ---------------------------------------------------------------------------------------------------
-# One model
+# One model: build + warm-up (memory window), then timed blocks
 
-def _time_training(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor, *, optim_cfg,
-                   grad_clip: float, warmup_steps: int, steps: int, compile_model: bool) -> dict:
-    from dpnrepro.training.losses import sigmoid_xent
-    from dpnrepro.training.optim import build_optimizer
+class _Contender:
+    """A built model with its optimizer and one training step, ready to be timed in blocks."""
 
-    device = images.device
-    use_bf16 = device.type == "cuda"
-    model.train()
-    if compile_model:
-        torch._dynamo.reset()  # every model compiles afresh (no recompile limit shared across models)
-    optimizer = build_optimizer(model, optim_cfg)
-    params = [p for p in model.parameters() if p.requires_grad]
-    fwd = torch.compile(model) if compile_model else model
+    def __init__(self, model: torch.nn.Module, name: str, images: torch.Tensor, targets: torch.Tensor, *,
+                 optim_cfg, grad_clip: float, compile_model: bool) -> None:
+        from dpnrepro.training.losses import sigmoid_xent
+        from dpnrepro.training.optim import build_optimizer
 
-    def step() -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = fwd(images)
-        loss = sigmoid_xent(logits.float(), targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        optimizer.step()
-        return loss
+        self.name = name
+        self.model = model
+        self.n_params = sum(p.numel() for p in model.parameters())
+        device = images.device
+        self.device = device
+        model.train()
+        optimizer = build_optimizer(model, optim_cfg)
+        params = [p for p in model.parameters() if p.requires_grad]
+        fwd = torch.compile(model) if compile_model else model
+        use_bf16 = device.type == "cuda"
 
-    t0 = time.perf_counter()
-    for _ in range(warmup_steps):
-        step()
-    _sync(device)
-    warmup_s = time.perf_counter() - t0
+        def step() -> torch.Tensor:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                logits = fwd(images)
+            loss = sigmoid_xent(logits.float(), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optimizer.step()
+            return loss
 
-    if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        events[0].record()
-        for i in range(steps):
-            loss = step()
-            events[i + 1].record()
-        torch.cuda.synchronize(device)
-        step_ms = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
-    else:
-        step_ms = []
+        self.step: Callable[[], torch.Tensor] = step
+        self.optimizer = optimizer
+        self.last_loss: torch.Tensor | None = None
+
+    def warm_up(self, steps: int) -> float:
+        """``steps`` untimed steps (compilation included); returns their wall seconds."""
+        t0 = time.perf_counter()
         for _ in range(steps):
-            t = time.perf_counter()
-            loss = step()
-            step_ms.append((time.perf_counter() - t) * 1e3)
-    final_loss = float(loss.detach())
-    return {"step_ms": step_ms, "warmup_s": warmup_s, "final_loss": final_loss}
+            self.last_loss = self.step()
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def time_block(self, steps: int) -> float:
+        """Milliseconds per step of one block of ``steps`` consecutive steps (CUDA events / perf_counter)."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                self.last_loss = self.step()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return start.elapsed_time(end) / steps
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.last_loss = self.step()
+        return (time.perf_counter() - t0) * 1e3 / steps
+
+    def release(self) -> None:
+        self.model = self.optimizer = self.step = None  # type: ignore[assignment]
 
 
-def _measure_one(build, *, device, images, targets, optim_cfg, grad_clip, warmup_steps, steps, compile_model,
-                 fwd_flops, peak_tflops, matmul_tflops, seed) -> dict:
-    """Build one model with ``build()`` on ``device``, time it, return its row (or an ``error`` row)."""
+def _is_cuda_oom(exc: BaseException, device: torch.device) -> bool:
+    return device.type == "cuda" and "out of memory" in str(exc).lower()
+
+
+def _prepare(build, *, device, images, targets, optim_cfg, grad_clip, warmup_steps, compile_model,
+             seed) -> tuple[_Contender | None, dict]:
+    """Build one model with ``build()`` on ``device`` and warm it up; peak memory over build + warm-up
+    (the other models of the arch stay resident but idle, so they do not count). Returns the contender
+    and its partial row, or ``(None, {"error": ...})`` when CUDA runs out of memory."""
     gc.collect()
     cpu_mem = None
     if device.type == "cuda":
@@ -253,50 +284,59 @@ def _measure_one(build, *, device, images, targets, optim_cfg, grad_clip, warmup
         cpu_mem = _CpuPeakRss()
         cpu_mem.start()
     torch.manual_seed(seed)
-    model = None
+    contender = None
     try:
         model, name = build()
-        model = model.to(device)
-        n_params = sum(p.numel() for p in model.parameters())
-        timing = _time_training(model, images, targets, optim_cfg=optim_cfg, grad_clip=grad_clip,
-                                warmup_steps=warmup_steps, steps=steps, compile_model=compile_model)
+        contender = _Contender(model.to(device), name, images, targets, optim_cfg=optim_cfg, grad_clip=grad_clip,
+                               compile_model=compile_model)
+        warmup_s = contender.warm_up(warmup_steps)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # torch.compile may wrap the OOM
-        if device.type != "cuda" or "out of memory" not in str(exc).lower():
+        if not _is_cuda_oom(exc, device):
             raise
-        return {"error": f"CUDA out of memory at batch {images.shape[0]}: {str(exc).splitlines()[0][:200]}"}
-    finally:
-        if device.type == "cuda":
-            peak_mem = torch.cuda.max_memory_allocated(device) - mem_base
-        else:
-            peak_mem = cpu_mem.peak_bytes()
-        del model
+        if contender is not None:
+            contender.release()
+        del contender
         gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
+        return None, {"error": f"CUDA out of memory at batch {images.shape[0]}: {str(exc).splitlines()[0][:200]}"}
+    peak_mem = (torch.cuda.max_memory_allocated(device) - mem_base) if device.type == "cuda" \
+        else cpu_mem.peak_bytes()
+    return contender, {"model": contender.name, "params_m": contender.n_params / 1e6, "peak_mem_bytes": peak_mem,
+                       "warmup_s": warmup_s}
 
-    batch = images.shape[0]
-    step_ms = timing["step_ms"]
-    mean_ms = sum(step_ms) / len(step_ms)
-    ips = batch / (mean_ms / 1e3)
+
+def _row(partial: dict, block_ms: list[float], *, batch: int, fwd_flops: float, peak_tflops: float | None,
+         matmul_tflops: float | None, final_loss: float) -> dict:
+    """A model's result row from its per-round ms/step: medians over rounds with their 95 % CIs."""
+    med, lo, hi, cov = median_ci(block_ms)
     train_flops = TRAIN_FLOPS_MULTIPLIER * fwd_flops
-    achieved = train_flops * ips / 1e12
-    row = {
-        "model": name,
-        "params_m": n_params / 1e6,
+
+    def rate(ms):  # achieved TFLOP/s at ``ms`` per step
+        return None if ms is None else train_flops * batch / (ms / 1e3) / 1e12
+
+    achieved = rate(med)
+
+    def pct_of(peak, ms):
+        return None if (peak is None or ms is None) else 100 * rate(ms) / peak
+
+    row = dict(partial)
+    row.update({
         "fwd_gflop_per_img": fwd_flops / 1e9,
         "train_gflop_per_img": train_flops / 1e9,
-        "ms_per_step": mean_ms,
-        "ms_per_step_median": statistics.median(step_ms),
-        "ms_per_step_min": min(step_ms),
-        "img_per_s": ips,
+        "ms_per_step": med,  # median over rounds
+        "ms_per_step_ci": None if lo is None else [lo, hi],
+        "ci_coverage": cov,
+        "ms_per_step_rounds": block_ms,
+        "img_per_s": batch / (med / 1e3),
         "achieved_tflops": achieved,
-        "mfu_pct": None if peak_tflops is None else 100 * achieved / peak_tflops,
-        "vs_matmul_pct": None if not matmul_tflops else 100 * achieved / matmul_tflops,
-        "peak_mem_bytes": peak_mem,
-        "warmup_s": timing["warmup_s"],
-        "final_loss": timing["final_loss"],
-    }
-    if not math.isfinite(timing["final_loss"]):
+        "mfu_pct": pct_of(peak_tflops, med),
+        # a longer step is a lower MFU: the CI's ends swap
+        "mfu_pct_ci": None if (peak_tflops is None or lo is None) else [pct_of(peak_tflops, hi),
+                                                                          pct_of(peak_tflops, lo)],
+        "vs_matmul_pct": pct_of(matmul_tflops or None, med),
+        "final_loss": final_loss,
+    })
+    if not math.isfinite(final_loss):
         row["note"] = "loss not finite (synthetic data; throughput still valid)"
     return row
 
@@ -304,11 +344,20 @@ def _measure_one(build, *, device, images, targets, optim_cfg, grad_clip, warmup
 # ---------------------------------------------------------------------------------------------------
 # The benchmark
 
-def _pct_slower(a: dict | None, b: dict | None) -> float | None:
-    """Step-time overhead of row ``a`` over row ``b`` in % (positive: ``a`` is slower)."""
-    if not a or not b or "img_per_s" not in a or "img_per_s" not in b:
-        return None
-    return 100 * (b["img_per_s"] / a["img_per_s"] - 1)
+def _comparisons(rows: dict[str, dict]) -> dict[str, dict]:
+    """Per comparison: median over rounds of (step time model / step time reference − 1) × 100, 95 % CI."""
+    out = {}
+    for key, (a, b) in COMPARISONS.items():
+        ra, rb = rows.get(a), rows.get(b)
+        if not ra or not rb or "ms_per_step_rounds" not in ra or "ms_per_step_rounds" not in rb:
+            continue
+        s = ratio_summary(ra["ms_per_step_rounds"], rb["ms_per_step_rounds"])
+        pct = (lambda x: None if x is None else 100 * (x - 1))
+        out[key] = {"model": a, "reference": b, "rounds": s["n"], "median_pct": pct(s["median"]),
+                    "ci_pct": None if s["lo"] is None else [pct(s["lo"]), pct(s["hi"])],
+                    "ci_coverage": s["coverage"], "resolved": compare(s, above="slower", below="faster"),
+                    "ratios": s["ratios"]}
+    return out
 
 
 def _evaluate_targets(results: dict, comparisons: dict, *, device_type: str, device_name: str) -> dict:
@@ -317,10 +366,12 @@ def _evaluate_targets(results: dict, comparisons: dict, *, device_type: str, dev
     for key, t in TARGETS.items():
         arch = t["arch"]
         if key.endswith("mfu_pct"):
-            value = (results.get(arch, {}).get("dpn") or {}).get("mfu_pct")
+            row = results.get(arch, {}).get("dpn") or {}
+            value, ci = row.get("mfu_pct"), row.get("mfu_pct_ci")
         else:
-            value = comparisons.get(arch, {}).get("dpn_vs_conv_pct")
-        entry = dict(t, value=value, met=None)
+            c = comparisons.get(arch, {}).get("dpn_vs_conv") or {}
+            value, ci = c.get("median_pct"), c.get("ci_pct")
+        entry = dict(t, value=value, ci=ci, verdict="not evaluated")
         if device_type != "cuda":
             entry["note"] = "GPU (bf16) target; not measurable on CPU"
         elif arch not in results:
@@ -330,7 +381,9 @@ def _evaluate_targets(results: dict, comparisons: dict, *, device_type: str, dev
         elif key.endswith("mfu_pct") and not is_h100:
             entry["note"] = f"defined on an H100; this device is {device_name}"
         else:
-            entry["met"] = bool(value >= t["threshold"]) if t["op"] == ">=" else bool(value <= t["threshold"])
+            entry["verdict"] = target_verdict(*(ci or (None, None)), t["op"], t["threshold"])
+            if ci is None:
+                entry["note"] = f"fewer than {MIN_ROUNDS} rounds: no 95 % CI"
         out[key] = entry
     return out
 
@@ -342,7 +395,8 @@ def run_benchmark(
         timm_reference: bool = True,
         batch_size: int = 8,
         warmup_steps: int = 2,
-        steps: int = 5,
+        rounds: int = 10,
+        steps_per_round: int = 2,
         compile: bool = False,
         device: str = "auto",
         img_size: int = 224,
@@ -354,12 +408,15 @@ def run_benchmark(
         seed: int = 0,
         progress: bool = True,
 ) -> dict:
-    """Measure the training step of every ``arch × stem`` (plus timm's stock ViT per arch) in this process.
+    """Measure the training step of every ``arch × stem`` (plus timm's stock ViT per arch) in this process,
+    the models of one arch interleaved in ``rounds`` rounds of ``steps_per_round`` timed steps each.
 
     ``optim_cfg``: anything with ``optimizer``, ``lr``, ``weight_decay`` (e.g. ``params.train``) and
     optionally ``grad_clip``; default Adam lr 1e-3, wd 1e-4, clip 1.0 (the smoke/AugReg recipe).
-    ``peak_tflops`` overrides the datasheet table for MFU. Returns a JSON-able dict (see
-    :func:`render_markdown`); a model that runs out of GPU memory gets an ``error`` row.
+    ``peak_tflops`` overrides the datasheet table for MFU. ``seed`` fixes the weights, the batch and the
+    round orders. Returns a JSON-able dict (see :func:`render_markdown`); a model that runs out of GPU
+    memory gets an ``error`` row. All models of one arch are resident at once (memory: one arch's models
+    and optimizer states, plus one model's activations).
     """
     from dpnrepro.models import STEMS, build_vit
     from dpnrepro.training.losses import one_hot_targets
@@ -372,11 +429,16 @@ def run_benchmark(
         patch = int(name.split("/")[1])
         if img_size % patch:
             raise UserError(f"benchmark: img_size {img_size} is not divisible by the patch size of {key}")
-    if compile and warmup_steps < 1:
-        raise UserError("benchmark: --compile needs at least one warm-up step (compilation would be timed)")
+    if warmup_steps < 1:
+        raise UserError("benchmark: needs at least one warm-up step (first-step allocations and torch.compile's "
+                        "compilation would be timed; peak memory is measured over the warm-up)")
+    if rounds < 1 or steps_per_round < 1:
+        raise UserError("benchmark: rounds and steps_per_round must be >= 1")
     optim_cfg = optim_cfg or DEFAULT_OPTIM
     grad_clip = float(getattr(optim_cfg, "grad_clip", 0.0) or 0.0)
-    dev = _pick_device(device)
+    if device == "cuda" and not torch.cuda.is_available():  # pick_device's message names train.device
+        raise UserError("benchmark.device is 'cuda' but no CUDA device is visible; use --device auto or cpu")
+    dev = pick_device(device)
     if hardware is None:
         from dpnrepro.cli import hardware_label
 
@@ -392,14 +454,15 @@ def run_benchmark(
             peak, peak_source = known[0], f"{known[1]} datasheet dense bf16"
         else:
             peak, peak_source = None, f"unknown device {device_name!r}: no datasheet peak (pass --peak-tflops)"
-        mem_label = "torch.cuda.max_memory_allocated − allocated before the model (excl. the shared batch)"
+        mem_label = ("torch.cuda.max_memory_allocated over build + warm-up − allocated before the model "
+                     "(excl. the shared batch)")
     else:
         device_name = f"CPU {cpu_model()} ({torch.get_num_threads()} threads)"
         dtype_label = "fp32"
         peak = float(peak_tflops) if peak_tflops is not None else None
         peak_source = ("given on the command line" if peak is not None
                        else "none: no reliable CPU peak, MFU is n/a")
-        mem_label = _CpuPeakRss().label
+        mem_label = _CpuPeakRss().label + ", over build + warm-up"
 
     matmul = None
     if measure_matmul:
@@ -412,43 +475,73 @@ def run_benchmark(
     labels = torch.randint(0, num_classes, (batch_size,), device=dev, generator=gen)
     targets = one_hot_targets(labels, num_classes)
 
-    jobs = []
-    for key, name in arch_names:
-        for stem in stems:
-            jobs.append((key, stem, lambda name=name, stem=stem: (
-                build_vit(name, stem=stem, img_size=img_size, num_classes=num_classes),
-                f"dpnrepro build_vit({name!r}, stem={stem!r})")))
+    def builders(name: str) -> dict:
+        jobs = {stem: (lambda stem=stem: (build_vit(name, stem=stem, img_size=img_size, num_classes=num_classes),
+                                          f"dpnrepro build_vit({name!r}, stem={stem!r})")) for stem in stems}
         if timm_reference:
-            jobs.append((key, "timm", lambda name=name: _build_timm(name, img_size, num_classes)))
+            jobs["timm"] = lambda: _build_timm(name, img_size, num_classes)
+        return jobs
 
+    n_variants = len(stems) + bool(timm_reference)
+    bar = tqdm(total=len(arch_names) * n_variants * (1 + rounds), desc="benchmark", unit="block",
+               disable=not progress, dynamic_ncols=True)
     results: dict[str, dict[str, dict]] = {}
-    bar = tqdm(jobs, desc="benchmark", unit="model", disable=not progress, dynamic_ncols=True)
+    schedules: dict[str, list[list[str]]] = {}
+    recompiled: dict[str, bool] = {}
     cudnn_benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True  # let cuDNN pick its fastest conv-stem kernels (as timm's benchmark)
     try:
-        for key, variant, build in bar:
-            bar.set_description(f"benchmark {key} {variant}")
+        for a_idx, (key, name) in enumerate(arch_names):
+            if compile:
+                torch._dynamo.reset()  # this arch's models compile afresh (no recompile limit shared across archs)
             fwd = vit_forward_flops(key, img_size=img_size, num_classes=num_classes).total
-            row = _measure_one(build, device=dev, images=images, targets=targets, optim_cfg=optim_cfg,
-                               grad_clip=grad_clip, warmup_steps=warmup_steps, steps=steps, compile_model=compile,
-                               fwd_flops=fwd, peak_tflops=peak,
-                               matmul_tflops=matmul["tflops"] if matmul else None, seed=seed)
-            results.setdefault(key, {})[variant] = row
-            if "img_per_s" in row:
-                bar.set_postfix(img_s=f"{row['img_per_s']:.1f}")
+            live: dict[str, _Contender] = {}
+            rows: dict[str, dict] = {}
+            for variant, build in builders(name).items():
+                bar.set_description(f"benchmark {key} {variant} warm-up")
+                contender, partial = _prepare(build, device=dev, images=images, targets=targets,
+                                              optim_cfg=optim_cfg, grad_clip=grad_clip, warmup_steps=warmup_steps,
+                                              compile_model=compile, seed=seed)
+                rows[variant] = partial
+                if contender is not None:
+                    live[variant] = contender
+                bar.update(1 if contender is not None else 1 + rounds)
+            graphs_before = _compiled_graphs()
+            schedule = round_orders(list(live), rounds, seed + a_idx)
+            block_ms: dict[str, list[float]] = {v: [] for v in live}
+            for r, order in enumerate(schedule):
+                bar.set_description(f"benchmark {key} round {r + 1}/{rounds}")
+                for variant in order:
+                    if variant in live:
+                        try:
+                            block_ms[variant].append(live[variant].time_block(steps_per_round))
+                        except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
+                            if not _is_cuda_oom(exc, dev):
+                                raise
+                            # the other models of the arch are resident: drop this one, keep the rest going
+                            live.pop(variant).release()
+                            rows[variant] = {"error": f"CUDA out of memory in timing round {r + 1} at batch "
+                                                      f"{batch_size} ({n_variants} models resident)"}
+                            gc.collect()
+                            torch.cuda.empty_cache()
+                    bar.update(1)
+            recompiled[key] = compile and _compiled_graphs() != graphs_before
+            for variant, c in live.items():
+                rows[variant] = _row(rows[variant], block_ms[variant], batch=batch_size, fwd_flops=fwd,
+                                     peak_tflops=peak, matmul_tflops=matmul["tflops"] if matmul else None,
+                                     final_loss=float(c.last_loss.detach()))
+                c.release()
+            del live
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            results[key] = rows
+            schedules[key] = schedule
     finally:
         torch.backends.cudnn.benchmark = cudnn_benchmark
         bar.close()
 
-    comparisons = {}
-    for key, rows in results.items():
-        conv, timm_row = rows.get("conv"), rows.get("timm")
-        comparisons[key] = {
-            "dpn_vs_conv_pct": _pct_slower(rows.get("dpn"), conv),
-            "linear_vs_conv_pct": _pct_slower(rows.get("linear"), conv),
-            "conv_vs_timm_pct": _pct_slower(conv, timm_row),
-            "dpn_vs_timm_pct": _pct_slower(rows.get("dpn"), timm_row),
-        }
+    comparisons = {key: _comparisons(rows) for key, rows in results.items()}
 
     import timm
 
@@ -462,8 +555,13 @@ def run_benchmark(
         "timm": timm.__version__,
         "batch_size": batch_size,
         "warmup_steps": warmup_steps,
-        "steps": steps,
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "seed": seed,
+        "statistic": ("median over rounds of the per-round ratio (paired by round); 95 % CI for the median from "
+                      "order statistics (distribution-free, exact binomial coverage)"),
         "compile": bool(compile),
+        "recompiled_during_timing": recompiled if compile else None,
         "cudnn_benchmark": dev.type == "cuda",
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "img_size": img_size,
@@ -475,10 +573,20 @@ def run_benchmark(
         "memory_measure": mem_label,
         "b16_img_per_s_for_50pct_mfu": (None if peak is None
                                         else 0.5 * peak * 1e12 / (TRAIN_FLOPS_MULTIPLIER * b16_fwd)),
+        "round_orders": schedules,
         "results": results,
         "comparisons": comparisons,
         "targets": _evaluate_targets(results, comparisons, device_type=dev.type, device_name=device_name),
     }
+
+
+def _compiled_graphs() -> int:
+    """How many graphs torch.compile has produced so far in this process (0 when dynamo is unavailable)."""
+    with contextlib.suppress(Exception):
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -488,26 +596,58 @@ def _f(x, fmt: str = ".1f", na: str = "n/a") -> str:
     return na if x is None else format(x, fmt)
 
 
-def _signed(x) -> str:
-    return "n/a" if x is None else f"{x:+.1f} %"
+def _ci(ci, fmt: str = ".1f", unit: str = "") -> str:
+    return "n/a" if ci is None else f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]{unit}"
+
+
+def _pct_ci(c: dict | None) -> str:
+    """'+1.2 % [−0.3, +2.8]'-style cell of a comparison."""
+    if not c:
+        return "n/a"
+    ci = c["ci_pct"]
+    text = f"{c['median_pct']:+.1f} %"
+    return text + (" (no CI)" if ci is None else f" [{ci[0]:+.1f}, {ci[1]:+.1f}]")
+
+
+def _vs(row: dict, ref: dict | None) -> dict | None:
+    """A comparison cell's numbers for ``row`` against ``ref`` from their per-round times (e.g. timm vs conv)."""
+    if not ref or "ms_per_step_rounds" not in ref:
+        return None
+    s = ratio_summary(row["ms_per_step_rounds"], ref["ms_per_step_rounds"])
+    return {"median_pct": 100 * (s["median"] - 1),
+            "ci_pct": None if s["lo"] is None else [100 * (s["lo"] - 1), 100 * (s["hi"] - 1)]}
 
 
 def render_markdown(res: dict) -> str:
     """``reports/benchmarks.md`` from :func:`run_benchmark`'s result."""
     cpu = res["device_type"] != "cuda"
     mm = res.get("matmul_reference")
+    n_rounds = res["rounds"]
+    cov = next((r["ci_coverage"] for rows in res["results"].values() for r in rows.values()
+                if r.get("ci_coverage")), None)
     lines = [
         "# Training throughput, MFU and memory (synthetic input)",
         "",
-        "Generated by `stages/benchmark.py` (`dvc repro benchmark`); params section `benchmark`.",
+        "Generated by `stages/benchmark.py`; params section `benchmark`.",
         "",
-        f"- **Device: {res['device']}** ({'CPU run' if cpu else 'CUDA run'}; {res['hardware']})",
+        f"- **Device: {res['device']}** ({'CPU run' if cpu else 'CUDA run'}; measured on {res['hardware']})",
         f"- dtype: {res['dtype']}; torch {res['torch']}, timm {res['timm']}; "
         f"torch.compile: {'on' if res['compile'] else 'off'}"
         + ("; cudnn.benchmark on" if res.get("cudnn_benchmark") else "")
         + ("; **deterministic algorithms on (slower kernels)**" if res.get("deterministic_algorithms") else ""),
-        f"- batch {res['batch_size']}, {res['warmup_steps']} untimed warm-up + {res['steps']} timed steps per model; "
-        f"{res['img_size']} px, {res['num_classes']} classes; one random batch generated once on the device",
+        f"- batch {res['batch_size']}, {res['img_size']} px, {res['num_classes']} classes; one random batch "
+        "generated once on the device",
+        f"- timing: per arch, every model is built and warmed up ({res['warmup_steps']} untimed step(s)), then "
+        f"**{n_rounds} interleaved rounds**; each round runs one block of {res['steps_per_round']} timed steps "
+        f"of every model, in an order reshuffled every round (seed {res['seed']}; orders in the JSON), "
+        + ("CUDA events" if not cpu else "`time.perf_counter`")
+        + " around each block",
+        f"- statistics: a model's ms/step is the median over rounds of its block time ÷ steps; a comparison is "
+        "the median over rounds of the per-round step-time ratio (paired by round), shown as "
+        "(ratio − 1) × 100 %; brackets are **95 % CIs for the median from order statistics** "
+        "(distribution-free; exact binomial coverage"
+        + (f" {100 * cov:.1f} % with {n_rounds} rounds" if cov else f"; none with fewer than {MIN_ROUNDS} rounds")
+        + ")",
         f"- step: forward → sigmoid cross-entropy → backward → {res['optimizer']} "
         "(the trainer's step, without data loading)",
         "- models: ours = `build_vit(arch, stem)` (class token, no pre-logits, no dropout, as timm's stock "
@@ -526,60 +666,73 @@ def render_markdown(res: dict) -> str:
     if res.get("b16_img_per_s_for_50pct_mfu"):
         lines.append(f"- B/16 (224 px, 1000 classes) at 50 % MFU on this device = "
                      f"{res['b16_img_per_s_for_50pct_mfu']:,.0f} img/s")
+    recompiled = [a for a, flag in (res.get("recompiled_during_timing") or {}).items() if flag]
+    if recompiled:
+        lines.append(f"- **torch.compile recompiled during the timed rounds for {', '.join(recompiled)}**: "
+                     "those timings include compilation")
     if cpu:
         lines += [
             "",
             "> **CPU run.** The issue's targets (B/16 DPN ≥ 50 % MFU in bf16 on one H100; DPN overhead over the "
-            "conv stem ≤ 1 % for B/16 and ≤ 3 % for Ti/16) are GPU targets and were **not measurable** here. "
+            "conv stem ≤ 1 % for B/16 and ≤ 3 % for Ti/16) are GPU targets and were **not evaluated** here. "
             "MFU is n/a (there is no reliable CPU peak); the \"vs matmul\" column compares with the fp32 matmul "
-            "rate measured above on this machine, which is not MFU. CPU timings on a shared machine are noisy. "
-            "Run `python stages/benchmark.py --device cuda --batch-size 256` on a GPU for the real numbers.",
+            "rate measured above on this machine, which is not MFU. The stem comparisons below are CPU fp32 "
+            "facts about this machine, not about a GPU. On a GPU: "
+            "`python stages/benchmark.py --device cuda --batch-size 256 --img-size 224 --rounds 20 "
+            "--steps-per-round 10 --compile` (writes `*_cli` files).",
         ]
     lines += ["", "## Results", ""]
-    ratio_col = "vs matmul" if cpu else "MFU"
+    ratio_col = "vs matmul" if cpu else "MFU [95 % CI]"
     lines += [
-        f"| arch | model | params (M) | ms/step (mean / median) | img/s | TFLOP/s | {ratio_col} | peak mem (GiB) "
-        "| vs conv stem |",
+        f"| arch | model | params (M) | ms/step, median [95 % CI] | img/s | TFLOP/s | {ratio_col} | "
+        "peak mem (GiB) | vs conv stem [95 % CI] |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arch, rows in res["results"].items():
-        conv = rows.get("conv")
+        comps = res["comparisons"].get(arch, {})
         for variant, r in rows.items():
             label = "timm stock" if variant == "timm" else variant
             if "error" in r:
                 lines.append(f"| {arch} | {label} | | | | | | | {r['error']} |")
                 continue
-            ratio = r["vs_matmul_pct"] if cpu else r["mfu_pct"]
+            if cpu:
+                ratio = _f(r["vs_matmul_pct"], ".1f") + ("" if r["vs_matmul_pct"] is None else " %")
+            else:
+                ratio = (_f(r["mfu_pct"], ".1f") + ("" if r["mfu_pct"] is None else
+                                                    f" % {_ci(r['mfu_pct_ci'])}"))
             mem = None if r["peak_mem_bytes"] is None else r["peak_mem_bytes"] / 2**30
-            vs = "—" if variant == "conv" else _signed(_pct_slower(r, conv))
+            vs = "—" if variant == "conv" else _pct_ci(comps.get(f"{variant}_vs_conv") or _vs(r, rows.get("conv")))
             lines.append(
-                f"| {arch} | {label} | {r['params_m']:.1f} | {r['ms_per_step']:.1f} / {r['ms_per_step_median']:.1f} "
-                f"| {r['img_per_s']:,.1f} | {r['achieved_tflops']:.3g} | {_f(ratio, '.1f')}{'' if ratio is None else ' %'} "
-                f"| {_f(mem, '.2f')} | {vs} |")
+                f"| {arch} | {label} | {r['params_m']:.1f} | {r['ms_per_step']:.1f} {_ci(r['ms_per_step_ci'])} "
+                f"| {r['img_per_s']:,.1f} | {r['achieved_tflops']:.3g} | {ratio} | {_f(mem, '.2f')} | {vs} |")
     lines += [
         "",
-        "\"vs conv stem\": step-time overhead over our conv stem, `(img/s conv ÷ img/s model − 1) × 100` "
-        "(positive = slower).",
+        "\"vs conv stem\": median over rounds of (step time of the model ÷ step time of our conv stem in the same "
+        "round − 1) × 100 (positive = slower); \"timm stock\" vs conv is shown the same way.",
         "",
-        "## Stem overhead and ours vs timm",
+        "## Stem overhead and ours vs timm (median over rounds [95 % CI]; verdict: CI wholly above / below 0)",
         "",
         "| arch | DPN vs conv | linear vs conv | ours (conv) vs timm | ours (DPN) vs timm |",
         "|---|---:|---:|---:|---:|",
     ]
     for arch, c in res["comparisons"].items():
-        lines.append(f"| {arch} | {_signed(c['dpn_vs_conv_pct'])} | {_signed(c['linear_vs_conv_pct'])} "
-                     f"| {_signed(c['conv_vs_timm_pct'])} | {_signed(c['dpn_vs_timm_pct'])} |")
-    lines += ["", "## Targets (from the issue)", "", "| target | required | measured | met |", "|---|---:|---:|---|"]
+        cells = []
+        for key in ("dpn_vs_conv", "linear_vs_conv", "conv_vs_timm", "dpn_vs_timm"):
+            cells.append("n/a" if key not in c else f"{_pct_ci(c[key])} {c[key]['resolved']}")
+        lines.append(f"| {arch} | " + " | ".join(cells) + " |")
+    lines += ["", "## Targets (from the issue)", "",
+              "| target | required | measured, median [95 % CI] | verdict |", "|---|---:|---:|---|"]
     for t in res["targets"].values():
-        met = {True: "yes", False: "**no**", None: "not evaluated"}[t["met"]]
+        verdict = t["verdict"] if t["verdict"] in ("not evaluated", "not resolved") else f"**{t['verdict']}**"
         if t.get("note"):
-            met += f" ({t['note']})"
-        lines.append(f"| {t['what']} | {t['op']} {t['threshold']:g} % | {_f(t['value'], '.1f')}"
-                     f"{'' if t['value'] is None else ' %'} | {met} |")
+            verdict += f" ({t['note']})"
+        measured = "n/a" if t["value"] is None else f"{t['value']:+.1f} % {_ci(t['ci'], '+.1f')}" \
+            if "overhead" in t["what"] else f"{t['value']:.1f} % {_ci(t['ci'])}"
+        lines.append(f"| {t['what']} | {t['op']} {t['threshold']:g} % | {measured} | {verdict} |")
     lines += [
         "",
-        f"Timing noise: {res['steps']} timed steps per model, models run one after another; a 1 % overhead is "
-        "only resolvable with enough steps (≥ 50 on a GPU) on an otherwise idle device.",
+        "Verdicts: **met** when the whole 95 % CI satisfies the target, **not met** when none of it does, "
+        "\"not resolved\" when the CI spans the threshold (more rounds, or a quieter device, would be needed).",
         "",
     ]
     return "\n".join(lines)
