@@ -90,11 +90,9 @@ def stages() -> dict:
             metrics=[f"metrics/{report}_summary.json"])
     out["figures"] = _stage(
         "stages/figures.py", deps=["runs/table1"], params=["figures"],
-        outs=[{f"reports/figure{n}.{ext}": {"cache": False}} for n in (2, 3, 4) for ext in ("md", "png")],
-        metrics=["metrics/figures_summary.json"],
-        plots=[{"metrics/figure2_depth.csv": {"cache": False, "x": "layer", "y": ["base", "dpn"],
-                                              "template": "bar_horizontal"}},
-               {"metrics/figure2_embedding.csv": {"cache": False, "x": "step", "y": ["base", "dpn"]}}])
+        outs=[*({f"reports/figure{n}.{ext}": {"cache": False}} for n in (2, 3, 4) for ext in ("md", "png")),
+              {"metrics/figure2_depth.csv": {"cache": False}}, {"metrics/figure2_embedding.csv": {"cache": False}}],
+        metrics=["metrics/figures_summary.json"])
     out["benchmark"] = _stage(
         "stages/benchmark.py", params=["benchmark", "train.optimizer", "train.lr", "train.weight_decay",
                                        "train.grad_clip"],
@@ -122,6 +120,10 @@ def render() -> str:
     body = yaml.safe_dump({"stages": stages(), "plots": [
         {"runs/table1/*/dvclive/plots/metrics/train/loss.tsv": {"x": "step", "y": "loss"}},
         {"runs/table1/*/dvclive/plots/metrics/grad_norm/stem.tsv": {"x": "step", "y": "stem"}},
+        {"figure2_depth": {"x": "layer", "y": {"metrics/figure2_depth.csv": ["base", "dpn"]},
+                           "template": "bar_horizontal", "title": "Fig. 2 (a): gradient norm vs depth"}},
+        {"figure2_embedding": {"x": "step", "y": {"metrics/figure2_embedding.csv": ["base", "dpn"]},
+                               "title": "Fig. 2 (b): stem gradient norm over training"}},
         {"reports/figure1.png": {}}, {"reports/figure2.png": {}}, {"reports/figure3.png": {}},
         {"reports/figure4.png": {}}]},
         sort_keys=False, width=120)
