@@ -43,7 +43,8 @@ def _by_seed(metrics: dict, key) -> dict:
 
 def _compare(treated: dict, control: dict) -> dict:
     seeds = sorted(set(treated) & set(control))
-    return {**paired_test([treated[s] for s in seeds], [control[s] for s in seeds]), "seeds": seeds}
+    return {**paired_test([treated[s] for s in seeds], [control[s] for s in seeds]), "seeds": seeds,
+            "per_seed": [treated[s] - control[s] for s in seeds]}
 
 
 def _hardware(metrics: dict) -> str:
@@ -170,9 +171,13 @@ def render_table6_figure(metrics: dict, summary: dict, path: Path) -> None:
     for k, arch in enumerate(archs):
         gains = [summary[arch].get(f"gain_{s}") for s in TABLE6_STEMS]
         ys = [i + (k - (len(archs) - 1) / 2) * width for i in range(len(names))]
-        axes[1].barh(ys, [g["mean"] if g else 0.0 for g in gains], height=width, color=colors[k], label=arch,
-                     xerr=[(g["ci95"] or 0.0) if g else 0.0 for g in gains], capsize=3)
-    axes[1].set_title(f"Ours ({metrics['profile']}): variant − DPN ± 95 % CI (points)")
+        axes[1].barh(ys, [g["mean"] if g else 0.0 for g in gains], height=width, color=colors[k], label=arch)
+        for y, g in zip(ys, gains):  # each seed's difference (a t-interval over 2-3 seeds would dwarf the bars)
+            if g:
+                axes[1].plot(g["per_seed"], [y] * len(g["per_seed"]), ls="none", marker="o", ms=4, mfc="white",
+                             mec="0.3", zorder=3, label="one seed" if (k == 0 and y == ys[0]) else None)
+    axes[1].set_title(f"Ours ({metrics['profile']}, seeds {', '.join(map(str, _seeds(metrics)))}): "
+                      "variant − DPN (points)")
     axes[1].legend(fontsize=8, loc="lower left")
     axes[0].set_yticks(range(len(names)), names)
     axes[0].invert_yaxis()
@@ -258,38 +263,41 @@ def render_figure1_figure(metrics: dict, summary: dict, path: Path) -> None:
     the same placements with DPN as hollow red points beside them."""
     plt = _pyplot()
     archs = list(summary)
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(archs) + 3), 5), dpi=100)
+    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(archs) + 4), 5), dpi=100)
     seen = set()
 
     def point(x, item, marker, color, label, filled=True):
-        g = item["gain"]
-        kw = dict(color=color, marker=marker, ms=8, ls="none", zorder=3,
-                  label=None if label in seen else label)
+        kw = dict(color=color, marker=marker, ms=8 if marker == "x" else 7, ls="none", zorder=3,
+                  label=None if label in seen else label, mew=2 if marker == "x" else 1.2)
         if not filled:
             kw.update(markerfacecolor="none")
-        ax.errorbar(x, g["mean"], yerr=g["ci95"] or None, capsize=2, elinewidth=0.8, **kw)
+        ax.plot([x], [item["gain"]["mean"]], **kw)
         seen.add(label)
+
+    order = {v: k for k, v in enumerate(_variants(metrics))}
+    spread = 0.3 / max(1, len(order))  # placements side by side, in params order
 
     for i, arch in enumerate(archs):
         for item in summary[arch].values():
             if "gain" not in item:
                 continue
             stem, variant = item["stem"], item["variant"]
+            dx = order[variant] * spread
             if stem == "dpn" and variant == "pre-pre":
-                point(i, item, "x", "black", "Dual PatchNorm (pre-LN)")
+                point(i + 0.05, item, "x", "black", "Dual PatchNorm (pre-LN)")
             elif stem == "conv":
                 label, marker, color = _SPECIAL.get(variant, ("Other LN placement", "o", "#1f77b4"))
-                point(i - 0.12, item, marker, color, label)
+                point(i - 0.38 + dx, item, marker, color, label)
             else:
                 label, marker, _ = _SPECIAL.get(variant, ("Other LN placement", "o", None))
-                point(i + 0.12, item, marker, "#d62728", f"{label} + DPN" if variant in _SPECIAL
+                point(i + 0.08 + dx, item, marker, "#d62728", f"{label} + DPN" if variant in _SPECIAL
                       else "Other LN placement + DPN", filled=False)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(archs)), archs)
     ax.set_xlim(-0.6, len(archs) - 0.4)
     ax.set_ylabel("Accuracy gain over conv + pre-LN (points)")
-    ax.set_title(f"Figure 1, ours ({metrics['profile']}, seeds {', '.join(map(str, _seeds(metrics)))}): "
-                 "left of each arch conv stem, right DPN stem")
+    ax.set_title(f"Figure 1, ours ({metrics['profile']}, seeds {', '.join(map(str, _seeds(metrics)))}; mean over seeds)\n"
+                 "left of each arch: conv stem (filled), right: DPN stem (hollow red)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
