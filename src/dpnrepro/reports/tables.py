@@ -98,6 +98,9 @@ def summarize_sweep(metrics: dict) -> dict:
             if stem != base:
                 common = sorted(set(samples) & set(stems[base]))
                 test = paired_test([samples[k] for k in common], [stems[base][k] for k in common])
+                if evaluate == "fewshot" and len({k[0] for k in common}) < 2 and test["verdict"] != "not resolved":
+                    # paired by draw of the shots of one training run: training noise is not in the CI
+                    test["verdict"] += " (over draws, 1 training run)"
                 entry[f"delta_{stem}"] = {**test, "vs": base}
         out[arch] = entry
     return out
