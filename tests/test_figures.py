@@ -98,3 +98,18 @@ def test_figure1_gains_are_over_conv_pre_ln():
     assert summary["conv/post-post"]["gain"]["mean"] == -5.0
     assert summary["dpn/pre-pre"]["gain"]["mean"] == 3.0
     assert summary["dpn/dtn"]["gain"]["verdict"] == "not resolved"  # one seed
+
+
+def test_reports_regenerate_byte_identically(tmp_path):
+    runs = [{"arch": "Mu/7", "stem": stem, "variant": v, "seed": seed, "val_top1": 50.0 + seed + 0.3 * len(v + stem)}
+            for stem in ("conv", "dpn") for v in ("pre-pre", "post-post", "dtn") for seed in (0, 1)]
+    t6 = [{"arch": "Mu/7", "stem": stem, "seed": seed, "val_top1": 60.0 + seed + 0.1 * len(stem)}
+          for stem in ["dpn", *ablations.TABLE6_STEMS] for seed in (0, 1)]
+    outs = []
+    for k in range(2):
+        m, r = tmp_path / f"m{k}", tmp_path / f"r{k}"
+        m.mkdir()
+        (m / "figure1.json").write_text(json.dumps(_metrics(runs)))
+        (m / "table6.json").write_text(json.dumps(_metrics(t6)))
+        outs.append([p.read_bytes() for rep in ("table6", "figure1") for p in ablations.build_report(rep, m, r)])
+    assert outs[0] == outs[1] and all(outs[0])
