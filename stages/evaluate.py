@@ -1,4 +1,4 @@
-"""DVC stage `evaluate-table<N>`: score every run of the sweeps of a table → metrics/<sweep>.json each
+"""DVC stage `evaluate-<report>` (``--table N`` or ``--report figure1``): score every run of the sweeps of a report → metrics/<sweep>.json each
 (one process per table: the stage pays Python's and DVC's per-stage cost once). ``--sweep`` scores one.
 
 Top-1 sweeps are scored on minival and val (big_vision's classification evaluator); few-shot sweeps
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dpnrepro.artifacts import describe_recipe, read_config, run_dir, run_name
 from dpnrepro.cli import stage
-from dpnrepro.config import SWEEPS, get_sweep, load_params, sweep_config
+from dpnrepro.config import SWEEPS, get_sweep, load_params, reports, sweep_config
 from dpnrepro.data.prepare import PREPARED, load_manifest
 from dpnrepro.evaluation.classification import evaluate_run
 from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
@@ -21,11 +21,13 @@ from dpnrepro.io import write_json_atomic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     which = ap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--table", type=int, choices=sorted({d.table for d in SWEEPS.values()}))
+    which.add_argument("--table", type=int, choices=sorted({d.table for d in SWEEPS.values() if isinstance(d.table, int)}))
+    which.add_argument("--report", choices=reports(), help="every sweep of a report (table<N>, figure1)")
     which.add_argument("--sweep", choices=list(SWEEPS))
     args = ap.parse_args()
     params = load_params()
-    sweeps = [args.sweep] if args.sweep else [s for s, d in SWEEPS.items() if d.table == args.table]
+    report = f"table{args.table}" if args.table is not None else args.report
+    sweeps = [args.sweep] if args.sweep else [s for s, d in SWEEPS.items() if d.report == report]
     for name in sweeps:
         evaluate_sweep(params, name)
 
@@ -37,20 +39,21 @@ def evaluate_sweep(params, name: str) -> None:
     for arch in sweep.archs:
         cfg = sweep_config(params, name, arch)
         input_cfg = {**cfg.input.model_dump(), "workers": cfg.runtime.workers}
-        for stem in sweep.stems:
-            for seed in sweep.seeds:
-                path = run_dir(name, arch, stem, seed)
-                kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
-                if SWEEPS[name].evaluate == "fewshot":
-                    fs = sweep.fewshot
-                    runs[run_name(arch, stem, seed)] = evaluate_fewshot_run(
-                        path, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
-                        train_split=fs.train_split, test_split=fs.test_split, resize=fs.resize,
-                        pool_size=fs.pool_size, **kw)
-                else:
-                    runs[run_name(arch, stem, seed)] = evaluate_run(path, PREPARED, input_cfg, **kw)
+        for variant in list(sweep.variants) or [""]:
+            for stem in sweep.stems:
+                for seed in sweep.seeds:
+                    path = run_dir(name, arch, stem, seed, variant)
+                    kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
+                    if SWEEPS[name].evaluate == "fewshot":
+                        fs = sweep.fewshot
+                        runs[run_name(arch, stem, seed, variant)] = evaluate_fewshot_run(
+                            path, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
+                            train_split=fs.train_split, test_split=fs.test_split, resize=fs.resize,
+                            pool_size=fs.pool_size, **kw)
+                    else:
+                        runs[run_name(arch, stem, seed, variant)] = evaluate_run(path, PREPARED, input_cfg, **kw)
     out = Path("metrics") / f"{name}.json"
-    first = run_dir(name, sweep.archs[0], sweep.stems[0], sweep.seeds[0])
+    first = run_dir(name, sweep.archs[0], sweep.stems[0], sweep.seeds[0], next(iter(sweep.variants), ""))
     splits = load_manifest(PREPARED)["splits"]
     write_json_atomic(out, {
         "profile": params.profile, "dataset": params.data.name, "sweep": name,

@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--arch", help="one run only (with --stem and --seed)")
     ap.add_argument("--stem")
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--variant", default="", help="the model variant of the run (sweeps with `variants`)")
     args = ap.parse_args()
     params = load_params()
     one_run = (args.arch, args.stem, args.seed)
@@ -36,7 +37,7 @@ def main() -> None:
     elif any(v is None for v in one_run):
         raise ParamsError("give all of --arch, --stem and --seed (one run) or none of them (the whole sweep)")
     else:
-        train_run(params, sweep=args.sweep, arch=args.arch, stem=args.stem, seed=args.seed)
+        train_run(params, sweep=args.sweep, arch=args.arch, stem=args.stem, seed=args.seed, variant=args.variant)
 
 
 if __name__ == "__main__":

@@ -230,3 +230,60 @@ def test_multi_label_data_is_validated():
     bad["jft_220k"]["recipe"]["train"]["loss"] = "softmax_xent"
     with pytest.raises(ParamsError, match="jft_220k trains on multi-label data_jft: it needs train.loss sigmoid_xent"):
         parse_params(bad)
+
+
+def test_sweep_variants_are_model_deltas_with_safe_names():
+    """Figure 1's sweep trains every arch x stem x seed once per named model variant."""
+    from dpnrepro.artifacts import run_dir, run_name
+    from dpnrepro.config import sweep_config
+    from dpnrepro.training.run import model_spec, sweep_runs
+
+    params = load_params(PARAMS)
+    assert SWEEPS["figure1"].variants and not SWEEPS["table6"].variants
+    c = sweep_config(params, "figure1", "Mu-7", "post-prepost")
+    assert (c.model.placement, c.model.block_norm) == ("post-prepost", "ln")
+    assert sweep_config(params, "figure1", "Mu-7", "dtn").model.block_norm == "dtn"
+    assert model_spec(params, "Mu-7", "dpn", "figure1", "dtn").block_norm == "dtn"
+    runs = sweep_runs(params, "figure1")
+    sw = params.figure1
+    assert len(runs) == len(sw.archs) * len(sw.stems) * len(sw.seeds) * len(sw.variants)
+    assert {v for *_, v in runs} == set(sw.variants) and {v for *_, v in sweep_runs(params, "table1")} == {""}
+    assert run_name("Mu-7", "dpn", 0) == "Mu-7_dpn_s0"  # sweeps without variants keep their names
+    assert str(run_dir("figure1", "Mu-7", "dpn", 0, "post-pre")) == "runs/figure1/Mu-7_dpn_post-pre_s0"
+    with pytest.raises(ParamsError, match="no variant 'nope'"):
+        sweep_config(params, "figure1", "Mu-7", "nope")
+    for bad_variants, match in [({"x": {"placment": "post-pre"}}, "not model keys"),
+                                ({"a/b": {"placement": "post-pre"}}, "names run directories"),
+                                ({"x": {"placement": "sideways"}}, "unknown placement"),
+                                ({"x": {"block_norm": "bn"}}, "block_norm")]:
+        raw = _raw()
+        raw["figure1"]["variants"] = bad_variants
+        with pytest.raises(ParamsError, match=match):
+            parse_params(raw)
+    raw = _raw()
+    raw["table6"]["variants"] = {"x": {}}
+    with pytest.raises(ParamsError, match="takes none"):
+        parse_params(raw)
+    raw = _raw()
+    raw["figures"]["figure2_arch"] = "Ti-16"
+    with pytest.raises(ParamsError, match=r"figures: archs \['Ti-16'\]"):
+        parse_params(raw)
+
+
+def test_every_profile_defines_the_ablation_sweeps():
+    for path in sorted((REPO / "profiles").glob("*.yaml")):
+        params = load_params(path)
+        assert set(params.table6.stems) == {"dpn", "pre", "post", "post_posemb", "only_learnable", "rmsnorm",
+                                            "no_learnable"}, path
+        placements = {d.get("placement", "pre-pre") for d in params.figure1.variants.values()}
+        from dpnrepro.models import PLACEMENTS
+
+        assert placements == set(PLACEMENTS), path
+        assert {d.get("block_norm", "ln") for d in params.figure1.variants.values()} == {"ln", "dtn"}, path
+        assert set(params.figure1.stems) == {"conv", "dpn"}, path
+    full = load_params(REPO / "profiles/full.yaml")
+    assert full.table6.archs == ["B-16", "S-16", "B-32", "S-32", "Ti-16"]  # Table 6's columns
+    assert full.figure1.archs == ["S-16", "B-16", "B-32", "Ti-16", "S-32"]  # Figure 1's x axis
+    assert (full.figures.figure2_arch, full.figures.figure4_archs, full.figures.figure3_arch) == \
+        ("B-16", ["B-32", "S-32", "S-16"], "Ti-16")  # Sec. 8.1, appendix H, Sec. 8.2
+    assert full.table6.recipe.overrides == full.table1.recipe.overrides  # the AugReg block's recipe

@@ -88,3 +88,21 @@ def test_no_stage_tracks_execution_settings():
         for param in body.get("params", []):
             assert param != "runtime" and not param.endswith(".runtime"), (name, param)
             assert param.split(".")[-1] not in {"eval_batch_size", "log_every", "ckpt_every", "workers", "devices"}
+
+
+def test_ablation_and_figure_stages():
+    """Table 6 and Figure 1 follow their sweeps like the tables; Figures 2-4 read table1's runs."""
+    from dpnrepro.config import reports
+
+    assert reports()[-2:] == ["table6", "figure1"]
+    assert "figure1.variants" in STAGES["train-figure1"]["params"]
+    assert "figure1.variants" in STAGES["evaluate-figure1"]["params"]
+    assert STAGES["evaluate-figure1"]["cmd"] == "python stages/evaluate.py --report figure1"
+    for report in ("table6", "figure1"):
+        assert STAGES[report]["cmd"] == f"python stages/ablations.py --report {report}"
+        assert f"metrics/{report}.json" in STAGES[report]["deps"]
+        assert [next(iter(o)) for o in STAGES[report]["outs"]] == [f"reports/{report}.md", f"reports/{report}.png"]
+    assert ("reports/paper" in STAGES["table6"]["deps"]) and ("reports/paper" not in STAGES["figure1"]["deps"])
+    figs = STAGES["figures"]
+    assert "runs/table1" in figs["deps"] and figs["params"] == ["figures"]
+    assert {f"reports/figure{n}.png" for n in (2, 3, 4)} <= {next(iter(o)) for o in figs["outs"]}

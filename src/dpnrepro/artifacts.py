@@ -1,6 +1,7 @@
 """Run artifacts, in one place: where a run lives, what it holds, and how it is written and read back.
 
-A run directory ``runs/<sweep>/<arch>_<stem>_s<seed>/`` holds
+A run directory ``runs/<sweep>/<arch>_<stem>_s<seed>/`` (``<arch>_<stem>_<variant>_s<seed>`` in a sweep
+with model variants, Figure 1) holds
   ``model.safetensors``  the weights (safetensors only: no pickles anywhere),
   ``model_spec.json``    the :class:`ModelSpec` that rebuilds the model,
   ``config.json``        the fully resolved recipe it was trained with (data, input, model, train),
@@ -25,17 +26,17 @@ CONFIG_FILE = "config.json"
 SUMMARY_FILE = "run.json"
 
 
-def run_name(arch: str, stem: str, seed: int) -> str:
-    return f"{arch}_{stem}_s{seed}"
+def run_name(arch: str, stem: str, seed: int, variant: str = "") -> str:
+    return f"{arch}_{stem}_{variant}_s{seed}" if variant else f"{arch}_{stem}_s{seed}"
 
 
-def run_dir(sweep: str, arch: str, stem: str, seed: int) -> Path:
-    return Path("runs") / sweep / run_name(arch, stem, seed)
+def run_dir(sweep: str, arch: str, stem: str, seed: int, variant: str = "") -> Path:
+    return Path("runs") / sweep / run_name(arch, stem, seed, variant)
 
 
-def checkpoint_dir(sweep: str, arch: str, stem: str, seed: int) -> Path:
+def checkpoint_dir(sweep: str, arch: str, stem: str, seed: int, variant: str = "") -> Path:
     """The resumable training state of a run (a persistent DVC output, not cached)."""
-    return Path("checkpoints") / sweep / run_name(arch, stem, seed)
+    return Path("checkpoints") / sweep / run_name(arch, stem, seed, variant)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class ModelSpec:
     proj_drop_rate: float
     drop_path_rate: float
     posemb: str = "learn"
+    block_norm: str = "ln"
 
     def build(self) -> torch.nn.Module:
         from dpnrepro.models import build_vit

@@ -7,6 +7,7 @@ seconds with one line naming the key, instead of hours into a run.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -106,6 +107,8 @@ class ModelParams(_Section):
     posemb: Literal["learn", "sincos2d"] = "learn"
     rep_size: bool | int = True
     placement: str = "pre-pre"
+    block_norm: Literal["ln", "dtn"] = Field("ln", description=(
+        "the blocks' residual-stream normalizer: ln (LayerNorm) or dtn (Dynamic Token Normalization)"))
 
     @field_validator("placement")
     @classmethod
@@ -217,6 +220,9 @@ class SweepParams(_Section):
     stems: list[str] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
     recipe: RecipeParams
+    variants: dict[str, dict] = Field(default_factory=dict, description=(
+        "named model variants, each a delta to the model section (e.g. {post-pre: {placement: post-pre}}): "
+        "every arch x stem x seed is trained once per variant (Figure 1); empty = one unnamed variant"))
     runtime: dict = Field(default_factory=dict, description=(
         "deltas to the top-level runtime section for this sweep (execution only; not tracked by DVC)"))
     fewshot: FewshotParams | None = Field(None, description="the few-shot evaluator (sweeps evaluated 25-shot)")
@@ -227,6 +233,17 @@ class SweepParams(_Section):
         if unknown:
             raise ValueError(f"recipe.overrides for archs not in the sweep: {unknown}")
         return self
+
+    @field_validator("variants")
+    @classmethod
+    def _variants_are_model_deltas(cls, variants):
+        for name, delta in variants.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
+                raise ValueError(f"variant name {name!r}: letters, digits, '.', '+', '-' only (it names run directories)")
+            unknown = sorted(set(delta) - set(ModelParams.model_fields))
+            if unknown:
+                raise ValueError(f"variant {name!r} sets {unknown}, which are not model keys")
+        return variants
 
     @field_validator("archs")
     @classmethod
@@ -266,17 +283,36 @@ class BenchmarkParams(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
+class FiguresParams(_Section):
+    """Figures 2-4 (gradient norms from the trainer's dvclive logs) and Figure 3 (the first LN's scale),
+    all from the runs of one sweep (the paper: its ImageNet-1k AugReg models)."""
+
+    sweep: str = "table1"
+    figure2_arch: str = Field("B-16", description="Fig. 2 (depth profile + embedding norm over steps): B/16 in the paper")
+    figure4_archs: list[str] = Field(default_factory=lambda: ["B-32", "S-32", "S-16"],
+                                     description="Fig. 4 (appendix H): the depth profile of the other archs")
+    figure3_arch: str = Field("Ti-16", description="Fig. 3: the first LN's scale of this arch's dpn run (seed 0 or the first)")
+    last_steps: int = Field(1000, gt=0, description="Fig. 2/4 left: mean over the logged steps in the last N steps")
+
+
 class SweepDef(NamedTuple):
-    """What a sweep is, whatever the profile: the table it fills, the dataset section it trains on, the
+    """What a sweep is, whatever the profile: the table (or figure, e.g. ``"figure1"``) it fills, the dataset section it trains on, the
     sweep whose runs initialise it (fine-tuning) and how it is evaluated (top-1 on minival/val, or
     few-shot on `data`, whose settings are then the sweep's required ``fewshot`` params). dvc.yaml is
     generated from this table (``python -m dpnrepro.pipeline``), so adding a table block is one entry
     here plus its params."""
 
-    table: int
+    table: int | str
     dataset: Literal["data", "data_i21k", "data_jft"] = "data"
     init_from: str | None = None
     evaluate: Literal["top1", "fewshot"] = "top1"
+    variants: bool = False  # runs per named model variant (the sweep's `variants` params; Figure 1)
+
+    @property
+    def report(self) -> str:
+        """The report the sweep feeds: ``table<N>`` or the figure's name; its stages are
+        ``evaluate-<report>`` and ``<report>``."""
+        return f"table{self.table}" if isinstance(self.table, int) else self.table
 
 
 # The sweeps behind the tables, in dvc.yaml order. table1 is Table 1's "ViT AugReg" block. Few-shot
@@ -294,7 +330,14 @@ SWEEPS: dict[str, SweepDef] = {
     "jft_220k_ft384": SweepDef(2, init_from="jft_220k"),
     "jft_1100k_ft224": SweepDef(2, init_from="jft_1100k"),
     "jft_1100k_ft384": SweepDef(2, init_from="jft_1100k"),
+    "table6": SweepDef(6),                                            # Table 6: stem ablations vs DPN
+    "figure1": SweepDef("figure1", variants=True),                                  # Fig. 1: in-block LN placements (+ DTN)
 }
+
+
+def reports() -> list[str]:
+    """The reports the sweeps feed, in SWEEPS order (one evaluate stage each)."""
+    return list(dict.fromkeys(d.report for d in SWEEPS.values()))
 
 
 class Params(_Section):
@@ -319,6 +362,10 @@ class Params(_Section):
     jft_220k_ft384: SweepParams | None = None
     jft_1100k_ft224: SweepParams | None = None
     jft_1100k_ft384: SweepParams | None = None
+    table6: SweepParams | None = Field(None, description="Table 6: the stem ablations (gains relative to dpn)")
+    figure1: SweepParams | None = Field(None, description=(
+        "Figure 1: in-block norm placements (and DTN) as `variants`, gains over conv + pre-LN"))
+    figures: FiguresParams = Field(default_factory=lambda: FiguresParams())
     benchmark: BenchmarkParams = Field(default_factory=BenchmarkParams)
 
     @model_validator(mode="after")
@@ -331,6 +378,9 @@ class Params(_Section):
             if (sw.fewshot is not None) != (definition.evaluate == "fewshot"):
                 raise ValueError(f"{name}.fewshot: " + ("required: the sweep is evaluated few-shot (config.SWEEPS)"
                                                         if sw.fewshot is None else "only few-shot sweeps take it"))
+            if bool(sw.variants) != definition.variants:
+                raise ValueError(f"{name}.variants: " + ("required (config.SWEEPS)" if definition.variants
+                                                         else "this sweep takes none (config.SWEEPS)"))
             if getattr(self, definition.dataset) is None:
                 raise ValueError(f"{name} trains on {definition.dataset} (config.SWEEPS) but params.yaml has no "
                                  f"{definition.dataset} section")
@@ -343,9 +393,9 @@ class Params(_Section):
                     sorted(str(s) for s in set(sw.seeds) - set(src.seeds))
                 if missing:
                     raise ValueError(f"{name} has runs its init_from sweep {definition.init_from} lacks: {missing}")
-            for arch in sw.archs:
+            for arch, variant in ((a, v) for a in sw.archs for v in (list(sw.variants) or [""])):
                 try:
-                    cfg = sweep_config(self, name, arch)
+                    cfg = sweep_config(self, name, arch, variant)
                     cfg.runtime.check_batch(cfg.train.batch_size)
                 except ValidationError as exc:
                     raise ValueError(f"{name} (arch {arch}): {_describe(exc)}") from None
@@ -354,6 +404,20 @@ class Params(_Section):
             if getattr(self, definition.dataset).multi_label and \
                     sweep_config(self, name, sw.archs[0]).train.loss != "sigmoid_xent":
                 raise ValueError(f"{name} trains on multi-label {definition.dataset}: it needs train.loss sigmoid_xent")
+        return self
+
+    @model_validator(mode="after")
+    def _figures_resolve(self):
+        fig = self.figures
+        src = self.sweeps().get(fig.sweep)
+        if src is None:
+            raise ValueError(f"figures.sweep: {fig.sweep!r} is not a sweep of this profile")
+        missing = [a for a in dict.fromkeys([fig.figure2_arch, *fig.figure4_archs, fig.figure3_arch])
+                   if a not in src.archs]
+        if missing:
+            raise ValueError(f"figures: archs {missing} are not in sweep {fig.sweep} ({', '.join(src.archs)})")
+        if not {"conv", "dpn"} <= set(src.stems):
+            raise ValueError(f"figures: sweep {fig.sweep} needs the conv and dpn stems (base vs DPN)")
         return self
 
     def sweeps(self) -> dict[str, SweepParams]:
@@ -427,9 +491,12 @@ def get_sweep(params: Params, sweep: str) -> SweepParams:
     return sw
 
 
-def sweep_config(params: Params, sweep: str, arch: str) -> SweepConfig:
-    """Top-level sections + the sweep's deltas + the arch's overrides (validated)."""
-    rc = get_sweep(params, sweep).recipe
+def sweep_config(params: Params, sweep: str, arch: str, variant: str = "") -> SweepConfig:
+    """Top-level sections + the sweep's deltas + the arch's overrides + the variant's model delta (validated)."""
+    sw = get_sweep(params, sweep)
+    if variant and variant not in sw.variants:
+        raise ParamsError(f"sweep {sweep!r} has no variant {variant!r} (defined: {', '.join(sw.variants) or 'none'})")
+    rc = sw.recipe
     inp = _merge(params.input, rc.input, InputParams)
     model = _merge(params.model, rc.model, ModelParams)
     train = _merge(params.train, rc.train, TrainParams)
@@ -438,6 +505,8 @@ def sweep_config(params: Params, sweep: str, arch: str) -> SweepConfig:
         set_keys = {k: v for k, v in ov.model_dump().items() if v is not None}
         model = _merge(model, {k: v for k, v in set_keys.items() if k in ModelParams.model_fields}, ModelParams)
         inp = _merge(inp, {k: v for k, v in set_keys.items() if k in InputParams.model_fields}, InputParams)
+    if variant:
+        model = _merge(model, sw.variants[variant], ModelParams)
     data = getattr(params, SWEEPS[sweep].dataset)
     runtime = _merge(params.runtime, get_sweep(params, sweep).runtime, RuntimeParams)
     return SweepConfig(data, inp, model, train, runtime)

@@ -44,6 +44,6 @@ def evaluate_run(run_path, prepared_dir, input_cfg: dict, *, splits=("minival", 
                              device=dev, desc=f"eval {run_path.name} {split}", progress=progress)
         for split in splits
     }
-    return {**{k: summary[k] for k in ("arch", "stem", "seed", "hardware", "params_m")},
+    return {**{k: summary[k] for k in ("arch", "stem", "seed", "variant", "hardware", "params_m") if k in summary},
             **{f"{split}_top1": s["top1"] for split, s in scores.items()},
             **{f"{split}_examples": s["examples"] for split, s in scores.items()}}

@@ -41,7 +41,7 @@ from timm.models.vision_transformer import VisionTransformer, init_weights_vit_j
 __all__ = [
     'ArchSpec', 'ARCHS', 'STEMS', 'PLACEMENTS', 'POOLS', 'parse_arch', 'build_vit',
     'PatchEmbedStem', 'Block', 'Affine', 'VisionTransformerDPN', 'init_weights_vit_dpn',
-    'conv_to_linear_weight', 'first_ln_scale_image', 'subln_init_gain',
+    'conv_to_linear_weight', 'first_ln_scale_image', 'subln_init_gain', 'BLOCK_NORMS', 'DynamicTokenNorm',
 ]  # register_model appends the registered entrypoints
 
 
@@ -73,6 +73,10 @@ STEMS: tuple[str, ...] = (
 _SUBLAYER_NORMS = ('pre', 'post', 'prepost')
 PLACEMENTS: tuple[str, ...] = tuple(
     f'{sa}-{mlp}' for sa in _SUBLAYER_NORMS for mlp in _SUBLAYER_NORMS) + ('normformer', 'subln')
+
+# the normalizer of the blocks' residual stream (norm1 / norm2 and the post-LNs): LayerNorm, or
+# Dynamic Token Normalization (Shao et al., ICLR 2022; :class:`DynamicTokenNorm`)
+BLOCK_NORMS: tuple[str, ...] = ('ln', 'dtn')
 
 POOLS: tuple[str, ...] = ('tok', 'gap')
 POSEMBS: tuple[str, ...] = ('learn', 'sincos2d')
@@ -274,6 +278,102 @@ def first_ln_scale_image(model: nn.Module) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Dynamic Token Normalization
+
+class DynamicTokenNorm(nn.Module):
+    """Dynamic Token Normalization (DTN; Shao et al., "Dynamic Token Normalization Improves Vision
+    Transformers", ICLR 2022, arXiv:2112.02624), a drop-in for the blocks' LayerNorm.
+
+    Tokens ``x`` (B, T, C), channels split into ``num_heads`` groups ``x^h`` (B, T, C/H). Per head,
+    intra-token (LayerNorm) and inter-token statistics are mixed by a learnable ``λ^h ∈ [0, 1]``::
+
+        μ^h  = λ^h μ_ln + (1 − λ^h) P^h x^h
+        σ²^h = λ^h σ²_ln + (1 − λ^h) [P^h (x^h ⊙ x^h) − (P^h x^h) ⊙ (P^h x^h)]
+        y    = γ (x − concat_h μ^h) / sqrt(concat_h σ²^h + eps) + β
+
+    ``μ_ln`` / ``σ²_ln`` are the mean and (biased) variance of each token over all C channels.
+    ``P^h = softmax_j(R_ij · a^h)`` is a row-stochastic T × T positional attention over the patch grid,
+    ``R_ij = [δx² + δy², δx, δy]`` the shift from patch i to patch j, ``a^h`` learnable and initialised
+    to ``[−1, 2Δx^h, 2Δy^h]`` so that head h looks at offset ``Δ^h`` of a √H × √H neighbourhood (heads
+    beyond the square repeat its offsets). ``λ^h = sigmoid(lam_logit^h)``, initialised to 1/2. λ = 1
+    gives LayerNorm; λ = 0 with a uniform ``P`` gives InstanceNorm over the tokens.
+
+    As defined in the paper (not the reference code's extra per-head RMS pre-scaling). Prefix tokens
+    (class / register tokens, not on the grid) get the LayerNorm statistics. The patch grid is taken to
+    be square (``T − num_prefix_tokens`` a perfect square).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 1, num_prefix_tokens: int = 0, eps: float = _LN_EPS,
+                 locality_strength: float = 1.0, device=None, dtype=None) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'DTN: dim {dim} is not divisible by num_heads {num_heads}')
+        dd = {'device': device, 'dtype': dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.num_prefix_tokens = num_prefix_tokens
+        self.eps = eps
+        self.locality_strength = locality_strength
+        self.weight = nn.Parameter(torch.empty(dim, **dd))
+        self.bias = nn.Parameter(torch.empty(dim, **dd))
+        self.lam_logit = nn.Parameter(torch.empty(num_heads, **dd))
+        self.pos_weight = nn.Parameter(torch.empty(num_heads, 3, **dd))  # a^h
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+        nn.init.zeros_(self.lam_logit)
+        k = max(1, int(math.isqrt(self.num_heads)))
+        center = (k - 1) / 2
+        with torch.no_grad():
+            for h in range(self.num_heads):
+                i = h % (k * k)
+                dx, dy = i % k - center, i // k - center
+                self.pos_weight[h] = torch.tensor([-1.0, 2 * dx, 2 * dy]) * self.locality_strength
+
+    @staticmethod
+    def relative_positions(side: int, device: Optional[torch.device] = None) -> Tensor:
+        """``R`` of a ``side`` × ``side`` grid in row-major token order: (T, T, 3) = [δx² + δy², δx, δy]."""
+        idx = torch.arange(side * side, device=device)
+        y, x = idx // side, idx % side
+        dx = (x[None, :] - x[:, None]).float()
+        dy = (y[None, :] - y[:, None]).float()
+        return torch.stack([dx * dx + dy * dy, dx, dy], dim=-1)
+
+    def positional_attention(self, num_patches: int) -> Tensor:
+        """``P`` of every head, (H, T, T), rows summing to 1."""
+        side = int(math.isqrt(num_patches))
+        if side * side != num_patches:
+            raise ValueError(f'DTN needs a square patch grid, got {num_patches} patch tokens')
+        rel = self.relative_positions(side, self.pos_weight.device).to(self.pos_weight.dtype)
+        return torch.einsum('ijc,hc->hij', rel, self.pos_weight).softmax(dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        H, n_pre = self.num_heads, self.num_prefix_tokens
+        xf = x.float()
+        mean_ln = xf.mean(dim=-1, keepdim=True)                          # (B, T, 1)
+        var_ln = (xf - mean_ln).pow(2).mean(dim=-1, keepdim=True)
+        patches = xf[:, n_pre:].reshape(B, T - n_pre, H, C // H).transpose(1, 2)  # (B, H, N, C/H)
+        pos = self.positional_attention(T - n_pre).float()              # (H, N, N)
+        mean_in = torch.matmul(pos, patches)
+        var_in = (torch.matmul(pos, patches * patches) - mean_in * mean_in).clamp_min(0.)
+        lam = torch.sigmoid(self.lam_logit.float()).view(1, H, 1, 1)
+        mean_p = mean_ln[:, n_pre:].unsqueeze(1)                          # (B, 1, N, 1)
+        var_p = var_ln[:, n_pre:].unsqueeze(1)
+        mean = (lam * mean_p + (1 - lam) * mean_in).transpose(1, 2).reshape(B, T - n_pre, C)
+        var = (lam * var_p + (1 - lam) * var_in).transpose(1, 2).reshape(B, T - n_pre, C)
+        mean = torch.cat([mean_ln[:, :n_pre].expand(-1, -1, C), mean], dim=1)
+        var = torch.cat([var_ln[:, :n_pre].expand(-1, -1, C), var], dim=1)
+        y = (xf - mean) * torch.rsqrt(var + self.eps)
+        return (y * self.weight.float() + self.bias.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f'{self.dim}, num_heads={self.num_heads}, num_prefix_tokens={self.num_prefix_tokens}, eps={self.eps}'
+
+
+# ---------------------------------------------------------------------------------------------------
 # Block
 
 def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> Tensor:
@@ -310,7 +410,9 @@ class Block(nn.Module):
     ``mlp.norm``; its init gain is :func:`subln_init_gain`, applied by the model's init).
 
     Norm modules: ``norm1`` / ``norm2`` before attention / MLP, ``norm1_post`` / ``norm2_post`` after
-    the residual sums; absent ones are ``nn.Identity``. Attention and MLP are timm's; no LayerScale.
+    the residual sums; absent ones are ``nn.Identity``. They are ``residual_norm_layer`` (default
+    ``norm_layer``; :class:`DynamicTokenNorm` for ``block_norm='dtn'``); the norms inside attention and
+    MLP (NormFormer, Sub-LN) stay ``norm_layer``. Attention and MLP are timm's; no LayerScale.
     """
 
     def __init__(
@@ -333,6 +435,7 @@ class Block(nn.Module):
             attn_layer: Union[str, Type[nn.Module]] = Attention,
             depth: int = 0,
             placement: str = 'pre-pre',
+            residual_norm_layer: Optional[Type[nn.Module]] = None,
             device=None,
             dtype=None,
     ) -> None:
@@ -347,8 +450,10 @@ class Block(nn.Module):
         sa, mlp = placement.split('-') if '-' in placement else ('pre', 'pre')
         attn_layer = Attention if attn_layer in (None, '', 'attn') else attn_layer
 
-        def norm_if(flag: bool) -> nn.Module:
-            return norm_layer(dim, **dd) if flag else nn.Identity()
+        residual_norm_layer = residual_norm_layer or norm_layer
+
+        def norm_if(flag: bool, layer: Type[nn.Module] = residual_norm_layer) -> nn.Module:
+            return layer(dim, **dd) if flag else nn.Identity()
 
         self.norm1 = norm_if(sa in ('pre', 'prepost'))
         self.attn = attn_layer(
@@ -363,7 +468,7 @@ class Block(nn.Module):
             norm_layer=norm_layer,
             **dd,
         )
-        self.attn_out_norm = norm_if(placement == 'normformer')
+        self.attn_out_norm = norm_if(placement == 'normformer', norm_layer)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm1_post = norm_if(sa in ('post', 'prepost'))
 
@@ -447,6 +552,7 @@ class VisionTransformerDPN(VisionTransformer):
             mlp_ratio: float = 4.,
             stem: str = 'dpn',
             placement: str = 'pre-pre',
+            block_norm: str = 'ln',
             pool: str = 'tok',
             rep_size: Union[int, bool] = False,
             head_bias_init: float = 0.0,
@@ -465,6 +571,9 @@ class VisionTransformerDPN(VisionTransformer):
         Args:
             stem: patch embedding, one of :data:`STEMS` (see :class:`PatchEmbedStem`).
             placement: LayerNorm placement in the blocks, one of :data:`PLACEMENTS` (see :class:`Block`).
+            block_norm: the blocks' residual-stream normalizer, one of :data:`BLOCK_NORMS`: ``ln``
+                (LayerNorm) or ``dtn`` (:class:`DynamicTokenNorm`, one group per attention head). The
+                stem's norms and the encoder's final norm are unaffected.
             pool: ``tok`` (class token) or ``gap`` (mean of the patch tokens, no class token).
             rep_size: pre-logits Linear + tanh: False/0 none, True the width, an int that size.
             head_bias_init: constant init of the head bias (head weight is zero).
@@ -478,6 +587,7 @@ class VisionTransformerDPN(VisionTransformer):
         """
         _check_choice('stem', stem, STEMS)
         _check_choice('placement', placement, PLACEMENTS)
+        _check_choice('block norm', block_norm, BLOCK_NORMS)
         _check_choice('pool', pool, POOLS)
         _check_choice('posemb', posemb, POSEMBS)
         _check_choice('weight_init', weight_init, ('', 'jax', 'skip'))
@@ -503,6 +613,10 @@ class VisionTransformerDPN(VisionTransformer):
             act_layer=nn.GELU,
         )
         vit_args.update(kwargs)
+        residual_norm = None
+        if block_norm == 'dtn':
+            num_prefix = int(bool(vit_args['class_token'])) + int(vit_args.get('reg_tokens', 0) or 0)
+            residual_norm = partial(DynamicTokenNorm, num_heads=num_heads, num_prefix_tokens=num_prefix)
         super().__init__(
             img_size=img_size,
             patch_size=patch_size,
@@ -519,12 +633,13 @@ class VisionTransformerDPN(VisionTransformer):
             drop_path_rate=drop_path_rate,
             weight_init='skip',
             embed_layer=partial(PatchEmbedStem, stem=stem),
-            block_fn=partial(Block, placement=placement),
+            block_fn=partial(Block, placement=placement, residual_norm_layer=residual_norm),
             **vit_args,
             **dd,
         )
         self.stem = stem
         self.placement = placement
+        self.block_norm = block_norm
         self.pool_type = pool
         self.rep_size = rep
         self.head_bias_init = float(head_bias_init)

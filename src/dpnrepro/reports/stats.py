@@ -1,9 +1,28 @@
-"""Mean and 95 % confidence intervals over seeds (Student t), as the paper reports them."""
+"""The statistics behind every table: mean ± 95 % CI over seeds (or few-shot draws), the paired
+treated − control difference, a stated test with its p-value, and a verdict.
+
+One rule everywhere (Sec. 5.1 of the paper reports mean ± 95 % CI over >= 3 runs):
+
+* ``mean_ci95``: mean and half-width of the two-sided 95 % Student-t interval.
+* ``paired_test``: the difference treated − control paired by seed (same seed = same initialisation
+  draw order and data order), tested with a two-sided **paired t-test** (``method="t"``, the default;
+  equal to ``scipy.stats.ttest_rel``) or a **paired bootstrap** (``method="bootstrap"``: resample the
+  per-seed differences with replacement, a fixed RNG seed, percentile CI, two-sided p = twice the
+  smaller tail of the bootstrap distribution on either side of 0).
+* ``verdict``: ``better`` / ``worse`` when the 95 % CI of the difference excludes 0 (for the t-test
+  this is exactly p < 0.05), otherwise ``not resolved`` (also with fewer than 2 pairs).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
+
+ALPHA = 0.05
+BOOTSTRAP_SEED = 0
+BOOTSTRAP_RESAMPLES = 10_000
+VERDICTS = ("better", "worse", "not resolved")
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, float | None]:
@@ -17,14 +36,70 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float | None]:
     from scipy.stats import t
 
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    return mean, float(t.ppf(1 - ALPHA / 2, n - 1)) * sd / math.sqrt(n)
 
 
 def paired_delta_ci95(treated: Sequence[float], control: Sequence[float]) -> tuple[float, float | None]:
     """Mean and 95 % CI of treated − control, paired by seed (same seed = same data order)."""
+    return mean_ci95(_differences(treated, control))
+
+
+def _differences(treated: Sequence[float], control: Sequence[float]) -> list[float]:
     if len(treated) != len(control):
-        raise ValueError("paired_delta_ci95 needs the same seeds on both sides")
-    return mean_ci95([a - b for a, b in zip(treated, control)])
+        raise ValueError(f"a paired comparison needs the same seeds on both sides ({len(treated)} vs {len(control)})")
+    return [a - b for a, b in zip(treated, control)]
+
+
+def paired_test(treated: Sequence[float], control: Sequence[float], *,
+                method: Literal["t", "bootstrap"] = "t", resamples: int = BOOTSTRAP_RESAMPLES,
+                seed: int = BOOTSTRAP_SEED) -> dict:
+    """Paired comparison of treated vs control: ``{mean, ci95, low, high, p, test, n, verdict}``.
+
+    ``mean`` is the mean difference; ``low``/``high`` its 95 % CI (t-interval, or bootstrap percentile
+    interval); ``ci95`` the half-width of the t-interval (None for the bootstrap, whose interval need not
+    be symmetric); ``p`` the two-sided p-value for "mean difference = 0" (None with fewer than 2 pairs or
+    when every difference is the same, where the t statistic is undefined).
+    """
+    d = _differences(treated, control)
+    n = len(d)
+    if n == 0:
+        raise ValueError("paired_test needs at least one pair")
+    mean, half = mean_ci95(d)
+    out = {"mean": mean, "ci95": half, "low": None, "high": None, "p": None, "n": n,
+           "test": "paired t-test (two-sided)" if method == "t" else
+           f"paired bootstrap ({resamples} resamples, seed {seed}, percentile CI)"}
+    if n >= 2:
+        if method == "t":
+            out["low"], out["high"] = mean - half, mean + half
+            sd = math.sqrt(math.fsum((v - mean) ** 2 for v in d) / (n - 1))
+            if sd > 0:
+                from scipy.stats import t
+
+                out["p"] = float(2 * t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+        elif method == "bootstrap":
+            import numpy as np
+
+            rng = np.random.default_rng(seed)
+            arr = np.asarray(d, dtype=np.float64)
+            means = arr[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+            out["ci95"] = None
+            out["low"], out["high"] = (float(v) for v in np.quantile(means, [ALPHA / 2, 1 - ALPHA / 2]))
+            out["p"] = float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
+        else:
+            raise ValueError(f"unknown test {method!r}; use 't' or 'bootstrap'")
+    out["verdict"] = verdict(out["low"], out["high"])
+    return out
+
+
+def verdict(low: float | None, high: float | None) -> str:
+    """``better`` if the CI of treated − control lies above 0, ``worse`` below 0, else ``not resolved``."""
+    if low is None or high is None:
+        return "not resolved"
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    return "not resolved"
 
 
 def fmt_ci(mean: float, ci: float | None, digits: int = 1) -> str:
@@ -32,3 +107,10 @@ def fmt_ci(mean: float, ci: float | None, digits: int = 1) -> str:
     if ci is None:
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {ci:.{digits + 1}f}"
+
+
+def fmt_p(p: float | None) -> str:
+    """A p-value as printed in the reports: 3 significant digits, '<0.001' below that, '—' if undefined."""
+    if p is None:
+        return "—"
+    return "<0.001" if p < 0.001 else f"{p:.3g}"

@@ -6,7 +6,10 @@ so the same inputs give byte-identical outputs on any machine.
 
 Statistics follow Sec. 5.1 of the paper: ImageNet-1k-style blocks (top-1) report the mean and 95 %
 t-interval over training seeds; the 21k / JFT-style blocks train once and report the mean and 95 %
-interval over the few-shot draws. DPN − base deltas are paired (same seed, or same draw of the shots).
+interval over the few-shot draws. DPN − base deltas are paired (same seed, or same draw of the shots),
+tested with a two-sided paired t-test and given a verdict (better / worse / not resolved:
+:mod:`dpnrepro.reports.stats`). Pairing by few-shot draw measures the noise of the draws only, not
+of training (one training run per model, as the paper).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
+from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
 
 BASE_STEM = "conv"
 
@@ -75,7 +78,8 @@ def _samples(run: dict, evaluate: str) -> tuple[float, dict]:
 
 
 def summarize_sweep(metrics: dict) -> dict:
-    """{arch: {stem: {mean, ci95, n, over}, 'delta_<stem>': {mean, ci95, vs, n}}} for one sweep."""
+    """{arch: {stem: {mean, ci95, n, over}, 'delta_<stem>': {mean, ci95, low, high, p, test, verdict, vs, n}}}
+    for one sweep (deltas: :func:`dpnrepro.reports.stats.paired_test`)."""
     evaluate = metrics.get("evaluate", "top1")
     by: dict[str, dict[str, dict]] = {}
     for run in metrics["runs"].values():
@@ -93,8 +97,11 @@ def summarize_sweep(metrics: dict) -> dict:
                            "seeds": sorted({k[0] for k in keys})}
             if stem != base:
                 common = sorted(set(samples) & set(stems[base]))
-                d, dci = paired_delta_ci95([samples[k] for k in common], [stems[base][k] for k in common])
-                entry[f"delta_{stem}"] = {"mean": d, "ci95": dci, "vs": base, "n": len(common)}
+                test = paired_test([samples[k] for k in common], [stems[base][k] for k in common])
+                if evaluate == "fewshot" and len({k[0] for k in common}) < 2 and test["verdict"] != "not resolved":
+                    # paired by draw of the shots of one training run: training noise is not in the CI
+                    test["verdict"] += " (over draws, 1 training run)"
+                entry[f"delta_{stem}"] = {**test, "vs": base}
         out[arch] = entry
     return out
 
@@ -121,6 +128,11 @@ def _printed(r: dict) -> str:
 
 def paper_delta(row: dict) -> float:
     return float(row["dpn"]["value"]) - float(row["base"]["value"])
+
+
+def fmt_delta(d: dict) -> str:
+    """A paired difference as '+1.23 ± 0.456' (its 95 % t-interval half-width when defined)."""
+    return f"{d['mean']:+.2f}" + (f" ± {d['ci95']:.3f}" if d.get("ci95") is not None else "")
 
 
 def _our_arch(arch: str, block: Block) -> str:
@@ -163,7 +175,9 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
         f"- Data: {context['dataset']}. Top-1 blocks: accuracy (%) on the `val` split ({context['val_examples']} "
         "images), mean ± 95 % CI (Student t) over training seeds. Few-shot blocks (trained once, as the paper "
         "does): fewshot_lsr accuracy (%) on `val`, mean ± 95 % CI over the few-shot draws.",
-        "- Δ = stem − conv, paired by seed (top-1) or by draw (few-shot).",
+        "- Δ = stem − conv, paired by seed (top-1) or by draw (few-shot), ± its 95 % CI; p: two-sided paired "
+        "t-test; verdict: better / worse when the CI excludes 0, else not resolved. Paper columns: the printed "
+        "values with the paper's 95 % CI, for the same arch.",
         f"- Hardware: {context['hardware']}.",
         "",
     ]
@@ -185,19 +199,20 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
         over = next(e[s]["over"] for e in summary.values() for s in stems if s in e)
         lines.append(f"Seeds: {', '.join(map(str, seeds))}; CI over {over}.")
         lines.append("")
-        lines.append("| Arch | " + " | ".join(stems) + " | " + " | ".join(f"Δ {s}" for s in others)
-                     + " | Paper Δ (same arch) |")
-        lines.append("|---|" + "---|" * (len(stems) + len(others) + 1))
+        lines.append("| Arch | " + " | ".join(stems) + " | " + " | ".join(f"Δ {s} | p | verdict" for s in others)
+                     + " | Paper Base | Paper DPN | Paper Δ |")
+        lines.append("|---|" + "---|" * (len(stems) + 3 * len(others) + 3))
         paper_by_arch = {r["arch"]: r for r in paper_rows(table, block)}
         for arch, e in summary.items():
             cells = [fmt_ci(e[s]["mean"], e[s]["ci95"], 2) if s in e else "—" for s in stems]
-            deltas = []
             for s in others:
                 d = e.get(f"delta_{s}")
-                deltas.append("—" if d is None else f"{d['mean']:+.2f}" + (f" ± {d['ci95']:.3f}" if d["ci95"] is not None else ""))
+                cells += ["—"] * 3 if d is None else [fmt_delta(d), fmt_p(d["p"]), d["verdict"]]
             label = _our_arch(arch, block)
-            paper_d = f"{paper_delta(paper_by_arch[label]):+.1f}" if label in paper_by_arch else "— (not in paper)"
-            lines.append(f"| {label} | " + " | ".join(cells + deltas) + f" | {paper_d} |")
+            row = paper_by_arch.get(label)
+            cells += ([_printed(row["base"]), _printed(row["dpn"]), f"{paper_delta(row):+.1f}"] if row
+                      else ["— (not in paper)"] * 3)
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [f"![Table {table} figure](table{table}.png)", ""]
     return "\n".join(lines)

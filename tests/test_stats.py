@@ -1,0 +1,79 @@
+"""The statistics module every table uses, checked against scipy and hand computations."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from dpnrepro.reports.stats import fmt_p, mean_ci95, paired_delta_ci95, paired_test, verdict
+
+DPN = [74.1, 73.8, 74.3, 73.9, 74.0]
+BASE = [72.2, 72.0, 72.1, 72.3, 71.9]
+
+
+def test_mean_ci95_is_scipy_t_interval():
+    mean, half = mean_ci95(DPN)
+    lo, hi = sps.t.interval(0.95, len(DPN) - 1, loc=np.mean(DPN), scale=sps.sem(DPN))
+    assert mean == pytest.approx(np.mean(DPN), abs=1e-12)
+    assert (mean - half, mean + half) == pytest.approx((lo, hi), abs=1e-10)
+    assert mean_ci95([3.0]) == (3.0, None)
+
+
+def test_paired_t_matches_scipy_ttest_rel():
+    res = paired_test(DPN, BASE)
+    ref = sps.ttest_rel(DPN, BASE)
+    assert res["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+    d = np.subtract(DPN, BASE)
+    assert res["mean"] == pytest.approx(d.mean(), abs=1e-12)
+    # the interval is the t-interval of the differences, not of either side
+    assert res["ci95"] == pytest.approx(sps.t.ppf(0.975, 4) * d.std(ddof=1) / math.sqrt(5), rel=1e-9)
+    assert (res["mean"], res["ci95"]) == pytest.approx(paired_delta_ci95(DPN, BASE))
+    assert res["verdict"] == "better" and res["n"] == 5
+
+
+def test_pairing_matters():
+    # a shared per-seed offset: unpaired the groups overlap, paired the difference is constant-ish
+    offsets = [0.0, 5.0, -5.0, 10.0]
+    base = [70 + o for o in offsets]
+    dpn = [70.5 + o + e for o, e in zip(offsets, [0.01, -0.02, 0.02, -0.01])]
+    assert paired_test(dpn, base)["verdict"] == "better"
+    assert sps.ttest_ind(dpn, base).pvalue > 0.5  # an unpaired test would not see it
+
+
+def test_verdicts_and_unresolved_cases():
+    assert paired_test(BASE, DPN)["verdict"] == "worse"
+    noisy = paired_test([1.0, -1.0, 2.0], [0.0, 0.0, 0.0])
+    assert noisy["verdict"] == "not resolved" and noisy["p"] > 0.05
+    one = paired_test([74.0], [72.0])
+    assert one["verdict"] == "not resolved" and one["p"] is None and one["ci95"] is None
+    same = paired_test([1.0, 2.0], [0.0, 1.0])  # zero variance: t undefined, interval [1, 1]
+    assert same["p"] is None and same["verdict"] == "better"
+    assert verdict(None, None) == "not resolved" and verdict(-1, 1) == "not resolved"
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_test([1.0, 2.0], [1.0])
+
+
+def test_t_verdict_agrees_with_p_below_alpha():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a = rng.normal(0.3, 1.0, 4)
+        b = rng.normal(0.0, 1.0, 4)
+        r = paired_test(a, b)
+        assert (r["verdict"] != "not resolved") == (r["p"] < 0.05)
+
+
+def test_bootstrap_is_seeded_and_matches_hand_computation():
+    r1 = paired_test(DPN, BASE, method="bootstrap", resamples=2000, seed=7)
+    r2 = paired_test(DPN, BASE, method="bootstrap", resamples=2000, seed=7)
+    assert r1 == r2
+    d = np.subtract(DPN, BASE)
+    means = d[np.random.default_rng(7).integers(0, 5, size=(2000, 5))].mean(axis=1)  # 2000 resamples of 5 pairs
+    assert (r1["low"], r1["high"]) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    assert r1["p"] == 0.0 and r1["verdict"] == "better"  # every resampled mean is above 0
+    mixed = paired_test([1.0, -1.0, 0.5, -0.4], [0, 0, 0, 0], method="bootstrap", resamples=4000)
+    assert 0.3 < mixed["p"] <= 1 and mixed["verdict"] == "not resolved"
+
+
+def test_fmt_p():
+    assert fmt_p(None) == "—" and fmt_p(0.0004) == "<0.001" and fmt_p(0.04432) == "0.0443"
