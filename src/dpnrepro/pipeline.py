@@ -77,6 +77,7 @@ def stages() -> dict:
             deps=["reports/paper", *(f"metrics/{s}.json" for s in sweeps)],
             outs=[{f"reports/table{table}.md": {"cache": False}}, {f"reports/table{table}.png": {"cache": False}}],
             metrics=[f"metrics/table{table}_summary.json"])
+    out.update(segmentation_stages())
     out["benchmark"] = _stage(
         "stages/benchmark.py", params=["benchmark", "train.optimizer", "train.lr", "train.weight_decay",
                                        "train.grad_clip"],
@@ -85,6 +86,29 @@ def stages() -> dict:
         "stages/bench_input.py", outs=[{"reports/input_pipeline.md": {"cache": False}}],
         metrics=["metrics/input_pipeline.json"])
     return out
+
+
+SEG_CONFIGS = "src/dpnrepro/segmentation/configs"
+
+
+def segmentation_stages() -> dict:
+    """Table 5: smoke canvases -> every (stem, fraction, seed) run in one process -> report.
+
+    One process for the sweep, not a ``matrix:`` stage per run: a process pays ~5 s of torch + mmseg
+    imports, a run ~1 s of Runner construction. The mmseg config files are read by mmengine, not
+    imported, so they are deps by path. Runs start from ``runs/table1`` (the pretraining sweep)."""
+    return {
+        "export_seg_canvases": _stage("stages/export_seg_canvases.py", params=["export_seg_canvases"],
+                                      outs=["data/raw/seg_canvases"]),
+        "segment": _stage(
+            "stages/segment.py", deps=[SEG_CONFIGS, "data/raw/seg_canvases", "runs/table1"],
+            params=["segmentation"],
+            outs=["runs/seg", {"checkpoints/seg": {"persist": True, "cache": False}}], metrics=["metrics/seg.json"]),
+        "table5": _stage(
+            "stages/table.py", args="--table 5", deps=["reports/paper", "metrics/seg.json"],
+            outs=[{"reports/table5.md": {"cache": False}}, {"reports/table5.png": {"cache": False}}],
+            metrics=["metrics/table5_summary.json"]),
+    }
 
 
 HEADER = """\
