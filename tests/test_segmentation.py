@@ -155,6 +155,7 @@ def test_full_config_is_appendix_g():
     assert _paper(r"model \.fcn = (\w+)") == "True" and _paper(r"upernet = (\w+)") == "False"
     assert head.type == "FCNHead" and head.num_convs == 0 and head.concat_input is False  # Segmenter-linear
     assert head.num_classes == 150 and head.in_channels == head.channels == 768
+    assert head.loss_decode.type == "CrossEntropyLoss" and head.loss_decode.avg_non_ignore  # Sec. 6.3: per-pixel CE
     crop = int(_paper(r"random_crop_with_mask \( size =([0-9]+)"))
     assert crop == 512 == bb.img_size and cfg.crop_size == (512, 512)
     assert _paper(r"posembs = \(([0-9]+) , [0-9]+\)") == str(512 // 16)
@@ -288,43 +289,56 @@ class _Killed(Exception):
 
 
 def test_killed_run_resumes_bit_identical(canvases, tmp_path):
-    """Killed after iteration 3 (checkpoint at 2), resumed: the weights of an uninterrupted run, bit for bit
-    (stochastic depth 0.1 and random crops/flips draw from the RNGs that the checkpoint restores)."""
+    """Killed before iteration 4 (checkpoint after 2), resumed: it trains iterations 3 and 4 only and ends
+    with the weights of an uninterrupted run, bit for bit (stochastic depth 0.1 and random crops/flips
+    draw from the RNGs that the checkpoint restores)."""
     from mmengine.hooks import Hook
     from mmengine.registry import HOOKS
 
     from dpnrepro.segmentation.experiment import train_and_evaluate
 
+    probe = {"kill_at": 3, "trained": []}
+
     @HOOKS.register_module(force=True)
-    class KillBeforeIter4(Hook):
+    class KillAndCount(Hook):  # the same hook config in both attempts: same fingerprint, so it resumes
         def before_train_iter(self, runner, batch_idx, data_batch=None):
-            if runner.iter == 3:
+            if runner.iter == probe["kill_at"]:
                 raise _Killed
 
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            probe["trained"].append(runner.iter)
+
     reference = train_and_evaluate(_cfg(canvases, tmp_path / "ref"))["state_dict"]
-    killed = _cfg(canvases, tmp_path / "killed", custom_hooks=[dict(type="RngStateHook"), dict(type="KillBeforeIter4")])
+    hooks = [dict(type="ResumeStateHook"), dict(type="KillAndCount")]
     with pytest.raises(_Killed):
-        train_and_evaluate(killed)
+        train_and_evaluate(_cfg(canvases, tmp_path / "killed", custom_hooks=hooks))
     assert (tmp_path / "killed" / "iter_2.pth").exists() and not (tmp_path / "killed" / "iter_4.pth").exists()
-    resumed = train_and_evaluate(_cfg(canvases, tmp_path / "killed"))["state_dict"]
-    assert resumed.keys() == reference.keys()
-    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+    probe.update(kill_at=None, trained=[])
+    resumed = train_and_evaluate(_cfg(canvases, tmp_path / "killed", custom_hooks=hooks))
+    trained = probe["trained"]
+    assert trained == [2, 3]  # 0-based iterations 3 and 4 of 4: resumed, not retrained from scratch
+    assert resumed["state_dict"].keys() == reference.keys()
+    assert all(torch.equal(resumed["state_dict"][k], reference[k]) for k in reference)
 
 
-def test_mmengine_checkpoints_load_only_with_the_allow_list(canvases, tmp_path):
+def test_mmengine_checkpoints_load_under_weights_only(canvases, tmp_path):
+    """Our checkpoints need no code-calling global (no HistoryBuffer, no getattr); the numpy allow-list is
+    scoped to the block and still refuses a crafted pickle."""
     import pickle
 
-    from dpnrepro.segmentation.resume import safe_mmengine_load
-
     from dpnrepro.segmentation.experiment import train_and_evaluate
+    from dpnrepro.segmentation.resume import mmengine_safe_globals, safe_mmengine_load
 
     train_and_evaluate(_cfg(canvases, tmp_path / "w", **{"train_cfg.max_iters": 2, "param_scheduler.0.end": 2}))
     ckpt = tmp_path / "w" / "iter_2.pth"
-    with pytest.raises(pickle.UnpicklingError, match="HistoryBuffer"):
-        torch.load(ckpt)  # torch's default weights_only=True
+    unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(ckpt))
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in mmengine_safe_globals()}
+    assert unsafe <= allowed, unsafe - allowed
+    assert not any("getattr" in g or "HistoryBuffer" in g for g in unsafe)
     with safe_mmengine_load():
         state = torch.load(ckpt)
     assert "message_hub" in state and "dpnrepro_rng" in state
+    assert isinstance(next(iter(state["message_hub"]["log_scalars"].values())), dict)
 
     class Evil:
         def __reduce__(self):
@@ -334,9 +348,9 @@ def test_mmengine_checkpoints_load_only_with_the_allow_list(canvases, tmp_path):
     torch.save({"x": Evil()}, bad)
     with safe_mmengine_load(), pytest.raises(pickle.UnpicklingError):
         torch.load(bad)
-    # the allow-list is scoped: outside the block mmengine's globals are refused again
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(ckpt)
+    torch.save({"x": np.arange(3)}, bad)
+    with pytest.raises(pickle.UnpicklingError):  # the numpy allow-list ends with the block
+        torch.load(bad)
 
 
 # --- report --------------------------------------------------------------------------------------------

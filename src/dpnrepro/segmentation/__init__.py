@@ -15,6 +15,6 @@ mmseg config files ask for with
 
 from dpnrepro.segmentation.backbone import DPNVisionTransformer
 from dpnrepro.segmentation.datasets import FashionCanvasDataset
-from dpnrepro.segmentation.resume import ResumableIterBasedTrainLoop, RngStateHook
+from dpnrepro.segmentation.resume import ResumableIterBasedTrainLoop, ResumeStateHook
 
-__all__ = ["DPNVisionTransformer", "FashionCanvasDataset", "ResumableIterBasedTrainLoop", "RngStateHook"]
+__all__ = ["DPNVisionTransformer", "FashionCanvasDataset", "ResumableIterBasedTrainLoop", "ResumeStateHook"]

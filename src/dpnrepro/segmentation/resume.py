@@ -1,14 +1,17 @@
 """Resuming a killed mmengine run under torch >= 2.6, with pickle safety left on.
 
 torch >= 2.6 loads with ``weights_only=True`` by default, and mmengine 0.10's checkpoints hold its
-``MessageHub`` state (``HistoryBuffer`` objects with numpy arrays), so ``runner.resume`` fails with
-``Unsupported global: mmengine.logging.history_buffer.HistoryBuffer``. :func:`mmengine_safe_globals`
-allow-lists exactly the globals such a checkpoint holds, for the duration of a ``with`` block (no
-process-wide ``add_safe_globals``, no ``weights_only=False``); anything else in a checkpoint, e.g. a
-crafted ``__reduce__``, is still refused.
+``MessageHub`` state: ``HistoryBuffer`` objects with numpy arrays and their bound statistics methods
+(pickled through ``builtins.getattr``), so ``runner.resume`` fails with ``Unsupported global:
+mmengine.logging.history_buffer.HistoryBuffer``. Allow-listing ``getattr`` would open the unpickler far
+wider than a checkpoint needs, so :class:`ResumeStateHook` writes the message hub as plain data instead
+(lists and numbers) and rebuilds the buffers when a checkpoint is loaded. What is left for the
+unpickler is tensors, builtins and numpy's array reconstruction, which :func:`safe_mmengine_load`
+allow-lists for the duration of a ``with`` block (no process-wide ``add_safe_globals``, no
+``weights_only=False``); anything else, e.g. a crafted ``__reduce__``, is still refused.
 
 Bit-identical resume also needs the random state: mmseg's transforms draw from numpy's global RNG,
-stochastic depth from torch's. :class:`RngStateHook` stores the torch / numpy / Python RNG states in
+stochastic depth from torch's. :class:`ResumeStateHook` also stores the torch / numpy / Python RNG states in
 every checkpoint (as tensors and ints, no new globals) and :class:`ResumableIterBasedTrainLoop`
 restores them right after mmengine has advanced the data loader past the iterations already trained
 (advancing replays the loader, which draws from the same RNGs), so iteration ``k + 1`` sees the random
@@ -38,8 +41,9 @@ def _numpy_globals() -> list:
 
 
 def mmengine_safe_globals() -> list:
-    """What an mmengine 0.10 checkpoint holds besides tensors and builtins."""
-    return [HistoryBuffer, *_numpy_globals()]
+    """What an mmengine 0.10 checkpoint written with :class:`ResumeStateHook` holds besides tensors and
+    builtins: numpy arrays (e.g. in the runtime info), nothing that calls code."""
+    return _numpy_globals()
 
 
 @contextlib.contextmanager
@@ -62,16 +66,35 @@ def restore_rng(state: dict) -> None:
     random.setstate(state["python"])
 
 
+def _plain_buffers(log_scalars: dict) -> dict:
+    return {k: {"log": [float(v) for v in b._log_history], "count": [int(c) for c in b._count_history],
+                "max_length": int(b.max_length)} if isinstance(b, HistoryBuffer) else b
+            for k, b in log_scalars.items()}
+
+
+def _history_buffers(log_scalars: dict) -> dict:
+    return {k: HistoryBuffer(np.asarray(b["log"], np.float64), np.asarray(b["count"], np.int64), b["max_length"])
+            if isinstance(b, dict) and set(b) == {"log", "count", "max_length"} else b
+            for k, b in log_scalars.items()}
+
+
 @HOOKS.register_module()
-class RngStateHook(Hook):
-    """Saves the RNG states in each checkpoint; hands them to the train loop when one is resumed."""
+class ResumeStateHook(Hook):
+    """Checkpoints that load under ``weights_only`` and resume bit-identically: the message hub as
+    plain data, plus the RNG states (handed to the train loop when a run is resumed)."""
 
     priority = "VERY_LOW"
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        hub = checkpoint.get("message_hub")
+        if hub is not None:
+            hub["log_scalars"] = _plain_buffers(hub.get("log_scalars", {}))
         checkpoint[RNG_KEY] = capture_rng()
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        hub = checkpoint.get("message_hub")
+        if hub is not None:
+            hub["log_scalars"] = _history_buffers(hub.get("log_scalars", {}))
         if RNG_KEY in checkpoint and isinstance(runner.train_loop, ResumableIterBasedTrainLoop):
             runner.train_loop.rng_after_skip = checkpoint[RNG_KEY]
 
@@ -95,7 +118,7 @@ class _RestoreAfter:
 
 @LOOPS.register_module()
 class ResumableIterBasedTrainLoop(IterBasedTrainLoop):
-    """mmengine's ``IterBasedTrainLoop``, plus the RNG restore of :class:`RngStateHook` on resume."""
+    """mmengine's ``IterBasedTrainLoop``, plus the RNG restore of :class:`ResumeStateHook` on resume."""
 
     rng_after_skip: dict | None = None
 

@@ -33,7 +33,9 @@ model = dict(
         # no auxiliary loss)
         type='FCNHead', in_channels=768, in_index=0, channels=768, num_convs=0, concat_input=False,
         dropout_ratio=0.0, num_classes=num_classes, align_corners=False,
-        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)),
+        # per-pixel softmax cross-entropy averaged over the labelled pixels (scenic's weighted mean;
+        # "other" = label 0 carries no weight)
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0, avg_non_ignore=True)),
     train_cfg=dict(),
     # appendix G: window_stride 341 for the 512 windows
     test_cfg=dict(mode='slide', crop_size=crop_size, stride=(341, 341)))
@@ -51,7 +53,7 @@ param_scheduler = [dict(type='PolyLR', eta_min=0.0, power=0.9, begin=0, end=max_
 train_cfg = dict(type='ResumableIterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters + 1)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
-custom_hooks = [dict(type='RngStateHook')]
+custom_hooks = [dict(type='ResumeStateHook')]
 default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=4000, max_keep_ckpts=1),
     logger=dict(type='LoggerHook', interval=500, log_metric_by_epoch=False))

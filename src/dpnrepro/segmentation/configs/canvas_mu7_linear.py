@@ -7,7 +7,7 @@
 _base_ = ['./ade20k_b16_linear.py']
 
 crop_size = (56, 56)
-max_iters = 60
+max_iters = 40
 data_root = 'data/raw/seg_canvases'
 dataset_type = 'FashionCanvasDataset'
 
@@ -18,7 +18,7 @@ model = dict(
     decode_head=dict(in_channels=64, channels=64, num_classes=10),
     test_cfg=dict(crop_size=crop_size, stride=(37, 37)))
 
-optim_wrapper = dict(optimizer=dict(lr=1e-3))     # a 60-step schedule needs a larger lr than 161664 steps
+optim_wrapper = dict(optimizer=dict(lr=1e-3))     # a 40-step schedule needs a larger lr than 161664 steps
 param_scheduler = [dict(type='PolyLR', eta_min=0.0, power=0.9, begin=0, end=max_iters, by_epoch=False)]
 train_cfg = dict(max_iters=max_iters, val_interval=max_iters + 1)
 default_hooks = dict(checkpoint=dict(interval=20), logger=dict(interval=20))
