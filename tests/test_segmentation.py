@@ -21,7 +21,7 @@ from dpnrepro.models import STEMS, build_vit
 from dpnrepro.models.posemb import resample_posemb
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "src/dpnrepro/segmentation/configs"
+CONFIGS = REPO / "configs" / "segmentation"
 FULL, SMOKE = CONFIGS / "ade20k_b16_linear.py", CONFIGS / "canvas_mu7_linear.py"
 PAPER = next((REPO.parent / "shared" / "seeds").glob("000_*.txt"), None) or \
     next(Path("/work/shared/seeds").glob("000_*.txt"))
@@ -175,6 +175,20 @@ def test_full_config_is_appendix_g():
     assert [t.type for t in cfg.val_dataloader.dataset.pipeline] == ["LoadImageFromFile", "LoadAnnotations",
                                                                       "PackSegInputs"]
     assert cfg.custom_imports.imports == ["dpnrepro.segmentation"] and not cfg.custom_imports.allow_failed_imports
+
+
+def test_full_config_builds_b16_on_the_512_grid():
+    from mmengine.config import Config
+    from mmseg.registry import MODELS
+    from mmseg.utils import register_all_modules
+
+    register_all_modules()
+    model = MODELS.build(Config.fromfile(str(FULL)).model)
+    vit = model.backbone.vit
+    assert model.backbone.grid_size == (32, 32) and vit.pos_embed.shape == (1, 1024, 768)
+    assert vit.stem == "dpn" and len(vit.blocks) == 12 and model.backbone.out_indices == (11,)
+    assert model.decode_head.conv_seg.weight.shape == (150, 768, 1, 1)
+    assert isinstance(model.decode_head.convs, torch.nn.Identity)  # num_convs=0: features go straight to conv_seg
 
 
 def test_smoke_config_inherits_the_recipe():

@@ -287,7 +287,7 @@ class SegmentationParams(_Section):
     The recipe is the config file's (``config``: an mmseg config inheriting mmseg's bundled ones;
     ``options`` overrides it as mmseg's ``--cfg-options`` do); the sweep and the data are params."""
 
-    config: str = Field(description="mmseg config file (src/dpnrepro/segmentation/configs/)")
+    config: str = Field(description="mmseg config file (configs/segmentation/)")
     data_root: str = Field(description="ADE20K layout: images/{training,validation}, annotations/{...}")
     arch: str
     stems: list[str] = Field(min_length=1)

@@ -88,7 +88,7 @@ def stages() -> dict:
     return out
 
 
-SEG_CONFIGS = "src/dpnrepro/segmentation/configs"
+SEG_CONFIGS = "configs/segmentation"
 
 
 def segmentation_stages() -> dict:

@@ -10,7 +10,10 @@ mmseg config files ask for with
   datasets.py    the smoke canvases as an mmseg dataset (data: dpnrepro.data.segmentation)
   resume.py      kill/resume under torch >= 2.6 (allow-listed mmengine globals, RNG state in checkpoints)
   experiment.py  one (stem, fraction, seed) run with mmengine's Runner and mmseg's IoUMetric
-  configs/       mmseg config files (appendix G recipe; the smoke scale-down inherits it)
+  sweep.py       every run of params' ``segmentation`` section -> runs/seg, metrics/seg.json
+
+The mmseg config files (appendix G recipe, and the smoke scale-down inheriting it) live in the repository's
+configs/segmentation/.
 """
 
 from dpnrepro.segmentation.backbone import DPNVisionTransformer
