@@ -295,6 +295,60 @@ class FiguresParams(_Section):
     last_steps: int = Field(1000, gt=0, description="Fig. 2/4 left: mean over the logged steps in the last N steps")
 
 
+class SegCanvasParams(_Section):
+    """The smoke segmentation data (Table 5): canvases of real Fashion-MNIST items in the ADE20K layout,
+    written to ``data/raw/seg_canvases`` by the `export_seg_canvases` stage (data/segmentation.py)."""
+
+    source: str = Field(description="an idx dataset directory (Debian's Fashion-MNIST)")
+    train_images: int = Field(gt=0)
+    val_images: int = Field(gt=0)
+    size: int = Field(gt=28, description="canvas side in pixels (items are 28 px)")
+    items: tuple[int, int] = Field(description="fewest and most items per canvas")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _items(self):
+        if not 1 <= self.items[0] <= self.items[1]:
+            raise ValueError(f"items must be [min, max] with 1 <= min <= max, got {list(self.items)}")
+        return self
+
+
+class SegmentationParams(_Section):
+    """Table 5: fine-tune a pretrained ViT per (stem, training fraction, seed) with an mmseg config file.
+
+    The recipe is the config file's (``config``: an mmseg config inheriting mmseg's bundled ones;
+    ``options`` overrides it as mmseg's ``--cfg-options`` do); the sweep and the data are params."""
+
+    config: str = Field(description="mmseg config file (configs/segmentation/)")
+    data_root: str = Field(description="ADE20K layout: images/{training,validation}, annotations/{...}")
+    arch: str
+    stems: list[str] = Field(min_length=1)
+    fractions: list[str] = Field(min_length=1, description="of the train set, as the paper prints them: '1/16', '1'")
+    seeds: list[int] = Field(min_length=1)
+    pretrained_seed: int | None = Field(0, description=(
+        "initialise from runs/table1/<arch>_<stem>_s<this seed> (the ImageNet-style pretraining); null = random init"))
+    options: dict = Field(default_factory=dict, description="dotted-key overrides of the config file")
+
+    @field_validator("stems")
+    @classmethod
+    def _known_stems(cls, stems):
+        return SweepParams._known_stems(stems)
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, fractions):
+        from dpnrepro.data.segmentation import parse_fraction
+
+        for f in fractions:
+            parse_fraction(f)
+        return fractions
+
+    @field_validator("arch")
+    @classmethod
+    def _arch(cls, arch):
+        return SweepParams._dvc_safe([arch])[0]
+
+
 class SweepDef(NamedTuple):
     """What a sweep is, whatever the profile: the table (or figure, e.g. ``"figure1"``) it fills, the dataset section it trains on, the
     sweep whose runs initialise it (fine-tuning) and how it is evaluated (top-1 on minival/val, or
@@ -366,6 +420,8 @@ class Params(_Section):
     figure1: SweepParams | None = Field(None, description=(
         "Figure 1: in-block norm placements (and DTN) as `variants`, gains over conv + pre-LN"))
     figures: FiguresParams = Field(default_factory=lambda: FiguresParams())
+    export_seg_canvases: SegCanvasParams | None = None
+    segmentation: SegmentationParams | None = Field(None, description="Table 5 (ADE20K, mmsegmentation)")
     benchmark: BenchmarkParams = Field(default_factory=BenchmarkParams)
 
     @model_validator(mode="after")
@@ -418,6 +474,18 @@ class Params(_Section):
             raise ValueError(f"figures: archs {missing} are not in sweep {fig.sweep} ({', '.join(src.archs)})")
         if not {"conv", "dpn"} <= set(src.stems):
             raise ValueError(f"figures: sweep {fig.sweep} needs the conv and dpn stems (base vs DPN)")
+        return self
+
+    @model_validator(mode="after")
+    def _segmentation_pretrained(self):
+        seg = self.segmentation
+        if seg is not None and seg.pretrained_seed is not None:
+            src = self.table1
+            missing = ([seg.arch] if seg.arch not in src.archs else []) + sorted(set(seg.stems) - set(src.stems)) + \
+                ([f"seed {seg.pretrained_seed}"] if seg.pretrained_seed not in src.seeds else [])
+            if missing:
+                raise ValueError(f"segmentation starts from table1 runs that table1 does not train: {missing} "
+                                 "(or set segmentation.pretrained_seed: null for a random init)")
         return self
 
     def sweeps(self) -> dict[str, SweepParams]:

@@ -97,6 +97,7 @@ def stages() -> dict:
         outs=[*({f"reports/figure{n}.{ext}": {"cache": False}} for n in (2, 3, 4) for ext in ("md", "png")),
               {"metrics/figure2_depth.csv": {"cache": False}}, {"metrics/figure2_embedding.csv": {"cache": False}}],
         metrics=["metrics/figures_summary.json"])
+    out.update(segmentation_stages())
     return out
 
 
@@ -112,6 +113,30 @@ def benchmark_stages() -> dict:
         "stages/bench_input.py", outs=[{"reports/input_pipeline.md": {"cache": False}}],
         metrics=["metrics/input_pipeline.json"])
     return {"benchmark": {"wdir": "..", **bench}, "bench_input": {"wdir": "..", **bench_input}}
+
+
+SEG_CONFIGS = "configs/segmentation"
+
+
+def segmentation_stages() -> dict:
+    """Table 5: smoke canvases -> every (stem, fraction, seed) run in one process -> report.
+
+    One process for the sweep, not a ``matrix:`` stage per run: a process pays ~5 s of torch + mmseg
+    imports, a run ~1 s of Runner construction. The mmseg config files are read by mmengine, not
+    imported, so they are deps by path. Runs start from ``runs/table1`` (the pretraining sweep)."""
+    return {
+        "export_seg_canvases": _stage("stages/export_seg_canvases.py", params=["export_seg_canvases"],
+                                      outs=["data/raw/seg_canvases"]),
+        "segment": _stage(
+            "stages/segment.py", deps=[SEG_CONFIGS, "data/raw/seg_canvases", "runs/table1"],
+            params=["segmentation"],
+            # checkpoints/seg: a local resume cache, not an output (see the train stages)
+            outs=["runs/seg"], metrics=["metrics/seg.json"]),
+        "table5": _stage(
+            "stages/table.py", args="--table 5", deps=["reports/paper", "metrics/seg.json"],
+            outs=[{"reports/table5.md": {"cache": False}}, {"reports/table5.png": {"cache": False}}],
+            metrics=["metrics/table5_summary.json"]),
+    }
 
 
 HEADER = """\

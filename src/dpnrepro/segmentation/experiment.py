@@ -1,0 +1,117 @@
+"""One Table 5 run, (arch, stem, training fraction, seed), with mmengine's Runner and mmseg's IoUMetric.
+
+:func:`run_config` turns an mmseg config file into the config of one run: the run's stem, seed
+(``randomness.seed``: sampler order, augmentation, init of the decode head), seeded training subset
+(``dataset.indices``, :func:`dpnrepro.data.segmentation.fraction_indices`), data root and pretraining
+run; the work directory (``checkpoints/seg/<run>``) holds mmengine's checkpoints, so a killed run
+resumes (:mod:`dpnrepro.segmentation.resume`). :func:`train_and_evaluate` trains with
+``Runner.train()`` and evaluates once with ``Runner.val()`` (sliding windows, ``IoUMetric``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+from dpnrepro.data.segmentation import SPLITS, check_layout, fraction_indices, parse_fraction
+
+RESULT_FILE = "result.json"
+FINGERPRINT_FILE = "fingerprint.txt"
+_experiments = itertools.count()
+
+
+def run_name(arch: str, stem: str, fraction: str, seed: int) -> str:
+    frac = str(parse_fraction(fraction)).replace("/", "-")
+    return f"{arch.replace('/', '-')}_{stem}_f{frac}_s{seed}"
+
+
+def run_config(config_file: str | Path, *, arch: str, stem: str, fraction: str, seed: int, data_root: str,
+               work_dir: str | Path, pretrained: str | Path | None = None, options: dict | None = None):
+    """The mmengine ``Config`` of one run (the config file's recipe; ``options`` as ``--cfg-options``)."""
+    from mmengine.config import Config
+
+    from dpnrepro.errors import ParamsError
+
+    if not Path(config_file).exists():
+        raise ParamsError(f"segmentation config {config_file} does not exist")
+    cfg = Config.fromfile(str(config_file))
+    cfg.merge_from_dict(dict(options or {}))
+    cfg.work_dir = str(work_dir)
+    cfg.randomness = dict(seed=seed, deterministic=False)
+    cfg.model.backbone.arch = arch.replace("-", "/")
+    cfg.model.backbone.stem = stem
+    cfg.model.backbone.pretrained = str(pretrained) if pretrained else None
+    cfg.load_from = None
+    for loader in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        cfg[loader].dataset.data_root = str(data_root)
+    ds = cfg.train_dataloader.dataset
+    n_train = check_layout(data_root, **_suffixes(ds))["train"]
+    ds.indices = fraction_indices(n_train, fraction, seed)
+    return cfg
+
+
+def _suffixes(dataset_cfg) -> dict:
+    out = {}
+    if "img_suffix" in dataset_cfg:
+        out["img_suffix"] = dataset_cfg.img_suffix
+    if "seg_map_suffix" in dataset_cfg:
+        out["seg_suffix"] = dataset_cfg.seg_map_suffix
+    if dataset_cfg.get("type") == "ADE20KDataset":
+        out = {"img_suffix": ".jpg", "seg_suffix": ".png"}
+    return out
+
+
+def _data_listing_digest(root: str | Path) -> str:
+    """Names and sizes of every file under the data root (cheap even for ADE20K's 27k files)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file():
+            h.update(f"{path.relative_to(root)}\t{path.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def fingerprint(cfg) -> str:
+    """What decides a run's result: its resolved config (minus where it is written), the pretraining
+    weights' bytes and the data files (names and sizes). A checkpoint directory of another fingerprint
+    is not resumed from."""
+    h = hashlib.sha256(cfg.pretty_text.replace(cfg.work_dir, "<work_dir>").encode())
+    pretrained = cfg.model.backbone.get("pretrained")
+    if pretrained:
+        weights = Path(pretrained)
+        weights = weights / "model.safetensors" if weights.is_dir() else weights
+        if weights.exists():
+            h.update(hashlib.sha256(weights.read_bytes()).digest())
+    h.update(_data_listing_digest(cfg.train_dataloader.dataset.data_root).encode())
+    return h.hexdigest()[:16]
+
+
+def train_and_evaluate(cfg, *, log_level: str = "WARNING") -> dict:
+    """Train (resuming from ``cfg.work_dir`` when it holds a checkpoint of the same config) and evaluate.
+
+    Returns ``{"mIoU", "mAcc", "aAcc"}`` (percent, IoUMetric), the trained segmentor's state dict under
+    ``"state_dict"`` and ``"train_images"``. A completed run's result is read back, not recomputed."""
+    import torch
+    from mmengine.runner import Runner
+
+    from dpnrepro.segmentation.resume import safe_mmengine_load
+
+    work = Path(cfg.work_dir)
+    fp = fingerprint(cfg)
+    if (work / FINGERPRINT_FILE).exists() and (work / FINGERPRINT_FILE).read_text() != fp:
+        shutil.rmtree(work)  # a checkpoint of another recipe: start over
+    work.mkdir(parents=True, exist_ok=True)
+    (work / FINGERPRINT_FILE).write_text(fp)
+    cfg.resume = (work / "last_checkpoint").exists()
+    cfg.log_level = log_level
+    cfg.experiment_name = f"{work.name}_{next(_experiments)}"  # mmengine singletons are per experiment name
+    runner = Runner.from_cfg(cfg)
+    with safe_mmengine_load():
+        runner.train()
+    metrics = runner.val()
+    state = {k: v.detach().cpu().contiguous() for k, v in runner.model.state_dict().items()}
+    return {"mIoU": float(metrics["mIoU"]), "mAcc": float(metrics["mAcc"]), "aAcc": float(metrics["aAcc"]),
+            "train_images": len(cfg.train_dataloader.dataset.indices), "iters": int(cfg.train_cfg.max_iters),
+            "state_dict": state}

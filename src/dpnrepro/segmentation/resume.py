@@ -1,0 +1,128 @@
+"""Resuming a killed mmengine run under torch >= 2.6, with pickle safety left on.
+
+torch >= 2.6 loads with ``weights_only=True`` by default, and mmengine 0.10's checkpoints hold its
+``MessageHub`` state: ``HistoryBuffer`` objects with numpy arrays and their bound statistics methods
+(pickled through ``builtins.getattr``), so ``runner.resume`` fails with ``Unsupported global:
+mmengine.logging.history_buffer.HistoryBuffer``. Allow-listing ``getattr`` would open the unpickler far
+wider than a checkpoint needs, so :class:`ResumeStateHook` writes the message hub as plain data instead
+(lists and numbers) and rebuilds the buffers when a checkpoint is loaded. What is left for the
+unpickler is tensors, builtins and numpy's array reconstruction, which :func:`safe_mmengine_load`
+allow-lists for the duration of a ``with`` block (no process-wide ``add_safe_globals``, no
+``weights_only=False``); anything else, e.g. a crafted ``__reduce__``, is still refused.
+
+Bit-identical resume also needs the random state: mmseg's transforms draw from numpy's global RNG,
+stochastic depth from torch's. :class:`ResumeStateHook` also stores the torch / numpy / Python RNG states in
+every checkpoint (as tensors and ints, no new globals) and :class:`ResumableIterBasedTrainLoop`
+restores them right after mmengine has advanced the data loader past the iterations already trained
+(advancing replays the loader, which draws from the same RNGs), so iteration ``k + 1`` sees the random
+state an uninterrupted run had.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import numpy as np
+import torch
+from mmengine.hooks import Hook
+from mmengine.logging.history_buffer import HistoryBuffer
+from mmengine.registry import HOOKS, LOOPS
+from mmengine.runner import IterBasedTrainLoop
+
+RNG_KEY = "dpnrepro_rng"
+
+
+def _numpy_globals() -> list:
+    """numpy's array-pickling globals (module paths differ between numpy 1.x and 2.x)."""
+    multiarray = getattr(np, "_core", np.core).multiarray
+    dtypes = [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "uint8", "bool")]
+    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *dtypes]
+
+
+def mmengine_safe_globals() -> list:
+    """What an mmengine 0.10 checkpoint written with :class:`ResumeStateHook` holds besides tensors and
+    builtins: numpy arrays (e.g. in the runtime info), nothing that calls code."""
+    return _numpy_globals()
+
+
+@contextlib.contextmanager
+def safe_mmengine_load():
+    """Within the block, ``torch.load(weights_only=True)`` (torch's default) accepts mmengine checkpoints."""
+    with torch.serialization.safe_globals(mmengine_safe_globals()):
+        yield
+
+
+def capture_rng() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+            "numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": random.getstate()}
+
+
+def restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+
+
+def _plain_buffers(log_scalars: dict) -> dict:
+    return {k: {"log": [float(v) for v in b._log_history], "count": [int(c) for c in b._count_history],
+                "max_length": int(b.max_length)} if isinstance(b, HistoryBuffer) else b
+            for k, b in log_scalars.items()}
+
+
+def _history_buffers(log_scalars: dict) -> dict:
+    return {k: HistoryBuffer(np.asarray(b["log"], np.float64), np.asarray(b["count"], np.int64), b["max_length"])
+            if isinstance(b, dict) and set(b) == {"log", "count", "max_length"} else b
+            for k, b in log_scalars.items()}
+
+
+@HOOKS.register_module()
+class ResumeStateHook(Hook):
+    """Checkpoints that load under ``weights_only`` and resume bit-identically: the message hub as
+    plain data, plus the RNG states (handed to the train loop when a run is resumed)."""
+
+    priority = "VERY_LOW"
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        hub = checkpoint.get("message_hub")
+        if hub is not None:
+            hub["log_scalars"] = _plain_buffers(hub.get("log_scalars", {}))
+        checkpoint[RNG_KEY] = capture_rng()
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        hub = checkpoint.get("message_hub")
+        if hub is not None:
+            hub["log_scalars"] = _history_buffers(hub.get("log_scalars", {}))
+        if RNG_KEY in checkpoint and isinstance(runner.train_loop, ResumableIterBasedTrainLoop):
+            runner.train_loop.rng_after_skip = checkpoint[RNG_KEY]
+
+
+class _RestoreAfter:
+    """Iterator proxy: after ``n`` items, restore the RNG states (then behave as the wrapped iterator)."""
+
+    def __init__(self, iterator, n: int, state: dict):
+        self.iterator, self.left, self.state = iterator, n, state
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self.iterator)
+        self.left -= 1
+        if self.left == 0:
+            restore_rng(self.state)
+        return item
+
+
+@LOOPS.register_module()
+class ResumableIterBasedTrainLoop(IterBasedTrainLoop):
+    """mmengine's ``IterBasedTrainLoop``, plus the RNG restore of :class:`ResumeStateHook` on resume."""
+
+    rng_after_skip: dict | None = None
+
+    def run(self):
+        if self._iter > 0 and self.rng_after_skip is not None:
+            self.dataloader_iterator = _RestoreAfter(self.dataloader_iterator, self._iter, self.rng_after_skip)
+        return super().run()

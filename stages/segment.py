@@ -1,0 +1,41 @@
+"""DVC stage `segment` (Table 5): every (stem, training fraction, seed) of ``segmentation`` in params,
+each trained with mmengine's Runner and evaluated with mmseg's IoUMetric, in one process (a Runner
+costs about a second to build; a process with torch + mmseg imports several).
+
+A completed run is read back from ``checkpoints/seg/<run>/`` (persistent), a killed one resumes from
+its last mmengine checkpoint there. Writes ``runs/seg/<run>/`` (segmentor weights as safetensors,
+config, result) and ``metrics/seg.json``. One run: ``--stem dpn --fraction 1/16 --seed 3``.
+"""
+
+import argparse
+import itertools
+from pathlib import Path
+
+from dpnrepro.cli import stage
+from dpnrepro.config import load_params
+
+
+@stage
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--stem")
+    ap.add_argument("--fraction")
+    ap.add_argument("--seed", type=int)
+    args = ap.parse_args()
+    params = load_params()
+    seg = params.segmentation
+    if seg is None:
+        from dpnrepro.errors import ParamsError
+
+        raise ParamsError("params.yaml has no segmentation section (Table 5)")
+    from dpnrepro.segmentation.sweep import run_sweep
+
+    runs = [r for r in itertools.product(seg.stems, seg.fractions, seg.seeds)
+            if (args.stem in (None, r[0]) and args.fraction in (None, r[1]) and args.seed in (None, r[2]))]
+    single = any(v is not None for v in (args.stem, args.fraction, args.seed))
+    written = run_sweep(params, runs, write_outputs=not single)
+    print("wrote " + ", ".join(map(str, written)) if written else f"trained {len(runs)} run(s) into checkpoints/seg")
+
+
+if __name__ == "__main__":
+    main()
