@@ -320,3 +320,40 @@ def test_table7_rows_from_the_search(tmp_path):
     text = md.read_text()
     assert "| + Train Longer | 42.00 (42.00) | 47.00 (47.00) | +5.00 |" in text
     assert "| from scratch | 41.4 | 47.5 | +6.1 | 45.6 | 51.8 | +6.2 |" in text
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cost of the full profile
+
+
+def test_full_profile_cost_counts_every_run_of_both_tables():
+    from dpnrepro.config import load_params
+    from dpnrepro.transfer.cost import gpu_hours, scratch_cost, vtab_cost
+    from helpers import REPO
+
+    full = load_params(REPO / "profiles" / "full.yaml")
+    t3 = vtab_cost(full)
+    assert t3["B-16"]["runs"] == 19 * 2 * 3 * 3                       # tasks x stems x lrs x seeds
+    assert t3["B-16"]["train_images"] == 19 * 2 * 3 * 3 * 2500 * 512
+    assert t3["B-16"]["train_flops"] == pytest.approx(3 * 35.13e9 * t3["B-16"]["train_images"], rel=1e-3)
+    t7 = scratch_cost(full)
+    assert t7["B-16"]["runs"] == 2 * (12 + 11 + 1)                    # step 2 re-uses step 1's winner
+    assert gpu_hours(t3, mfu=0.4) == pytest.approx(gpu_hours(t3, mfu=0.2) / 2)
+
+
+def test_scratch_search_trains_step_1s_winner_once_when_canonical_says_so():
+    fits = []
+
+    def fit(split, hp, seed):
+        fits.append(hp)
+        return hp
+
+    def no_aug(hp):
+        return {k: v for k, v in hp.items() if not (k in ("mixup", "randaug_magnitude") and v == 0)}
+
+    grid = [{"lr": lr} for lr in (1e-4, 1e-3)]
+    aug = [{"mixup": m, "randaug_magnitude": r} for m in (0.0, 0.2) for r in (0, 10)]
+    rows = scratch_search(grid, aug, {"steps": 9}, 0, fit, lambda m, s: m["lr"] * 1e4 - m.get("mixup", 0),
+                          canonical=no_aug)
+    assert rows[1]["hparams"] == {"lr": 1e-3, "mixup": 0.0, "randaug_magnitude": 0}  # no augmentation wins
+    assert len(fits) == len(grid) + len(aug) - 1 + 1                                  # trained once, not twice

@@ -49,17 +49,18 @@ def vtab_protocol(lrs: Sequence[float], seeds: Sequence[int], fit: Fit, score: S
 
 
 def scratch_search(grid: Sequence[dict], aug_grid: Sequence[dict], longer: dict, seed: int, fit: Fit,
-                   score: Score) -> list[dict]:
+                   score: Score, *, canonical: Callable[[dict], dict] = dict) -> list[dict]:
     """Appendix F: (1) pick ``grid``'s best setting on validation; (2) with it, pick ``aug_grid``'s best;
     (3) train that one longer (``longer`` overrides it). One row per step with its chosen hparams, its
     validation and test accuracy and the candidates' validation accuracies; every model is trained on
     ``train``. A row's test accuracy is scored once its choice is made; later choices read only
-    validation accuracies."""
+    validation accuracies. Settings equal under ``canonical`` are trained once (step 2's "mixup 0,
+    RandAugment 0" is step 1's winner)."""
     models: dict[str, Any] = {}
     vals: dict[str, float] = {}
 
     def key(hp: dict) -> str:
-        return repr(sorted(hp.items()))
+        return repr(sorted(canonical(hp).items()))
 
     def val_of(hp: dict) -> float:
         k = key(hp)

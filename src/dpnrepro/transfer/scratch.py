@@ -63,7 +63,13 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
            "recipe": (f"{train0.optimizer}, batch {train0.batch_size}, {train0.steps} steps ({train0.warmup_steps} "
                       f"warm-up, {train0.schedule}), clip {train0.grad_clip:g}, {train0.loss}, {inp0.image_size}px"),
            "grid": grid, "aug_grid": aug, "longer": longer, "runs": {}}
-    per_variant = len(grid) + len(aug) + 1
+    def canonical(hp: dict) -> dict:  # no mixup / no RandAugment = the recipe's own (step 1's) setting
+        if inp0.mixup or inp0.randaug:
+            return hp
+        return {k: v for k, v in hp.items() if not (k in ("mixup", "randaug_magnitude") and v == 0)}
+
+    per_variant = len(grid) + len({repr(sorted(canonical(a).items())) for a in aug}) + 1 - any(
+        not canonical(a) for a in aug)
     bar = tqdm(total=len(sp.archs) * len(sp.stems) * per_variant, desc="sun397 from scratch", unit="run",
                disable=not progress, dynamic_ncols=True)
     for arch in sp.archs:
@@ -91,6 +97,7 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
 
             bar.set_postfix(arch=arch, stem=stem)
             out["runs"][f"{arch}_{stem}"] = {"arch": arch, "stem": stem,
-                                             "rows": scratch_search(grid, aug, longer, sp.seed, fit, score)}
+                                             "rows": scratch_search(grid, aug, longer, sp.seed, fit, score,
+                                                                                     canonical=canonical)}
     bar.close()
     return out

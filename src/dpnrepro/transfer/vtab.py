@@ -55,8 +55,8 @@ def run_vtab(params: Params, *, progress: bool = True) -> dict:
            "init_seed": vp.init_seed, "lrs": vp.lrs, "seeds": vp.seeds,
            "retrain_on_train800val200": vp.retrain_on_train800val200,
            "recipe": recipe_line(inp, model, train), "tasks": {}}
-    bar = tqdm(total=len(tasks) * len(vp.archs) * len(vp.stems) * len(vp.lrs) * len(vp.seeds)
-               * (1 + vp.retrain_on_train800val200 / len(vp.lrs)),
+    bar = tqdm(total=len(tasks) * len(vp.archs) * len(vp.stems) * len(vp.seeds)
+               * (len(vp.lrs) + vp.retrain_on_train800val200),
                desc="vtab fine-tunes", unit="run", disable=not progress, dynamic_ncols=True)
     for name, task in tasks.items():
         src = vp.tasks[name]
