@@ -301,7 +301,7 @@ def test_table3_flags_differences_outside_the_ci_and_averages_groups_per_seed(tm
     (tmp_path / "metrics" / "vtab.json").write_text(json.dumps(_vtab_metrics([50, 51, 52], [60, 61, 62.5])))
     md, png, _ = build_transfer_table(3, tmp_path / "metrics", tmp_path / "reports")
     text = md.read_text()
-    assert "| natural | SVHN (MNIST) |" in text and "**+10.17" in text and png.stat().st_size > 0
+    assert "| natural | SVHN (MNIST) | — |" in text and "**+10.17" in text and png.stat().st_size > 0
     assert "| natural | Caltech101 | 87.1 | 87.7 | +0.6 | 86.1 | 86.6 | +0.5 |" in text  # paper, from table3.yaml
 
 

@@ -68,7 +68,8 @@ def summarize_vtab(metrics: dict) -> dict:
                 per_seed.setdefault((entry["group"], run["arch"], run["stem"]), {}).setdefault(seed, []).append(acc)
         for arch, stems in by_arch.items():
             _add_deltas(stems)
-        tasks[name] = {"group": entry["group"], "stand_in": entry["stand_in"], "archs": by_arch}
+        tasks[name] = {"group": entry["group"], "stand_in": entry["stand_in"], "archs": by_arch,
+                       "chance": entry.get("majority_test")}
     groups: dict = {}
     for (group, arch, stem), seeds in sorted(per_seed.items()):
         accs = [sum(v) / len(v) for _, v in sorted(seeds.items())]
@@ -126,13 +127,15 @@ def render_table3(metrics: dict, summary: dict) -> str:
               f"used to choose); test accuracy (%) of the chosen lr, mean ± 95 % CI (Student t) over the seeds; "
               f"final models trained on `{'train800val200' if metrics['retrain_on_train800val200'] else 'train800'}` "
               f"(`vtab.retrain_on_train800val200`).",
-              f"- Δ = stem − {BASE_STEM}, paired by seed; **bold** = the 95 % CI of Δ excludes 0 (outside the CI).",
+              f"- Δ = stem − {BASE_STEM}, paired by seed; **bold** = the 95 % CI of Δ excludes 0 (outside the CI). "
+              "`chance` = the test split's majority-class rate: an accuracy near it means the fine-tune learned "
+              "nothing.",
               f"- Hardware: {metrics['hardware']}.", ""]
     for arch in archs:
         lines += [f"### {arch}", "",
-                  "| Group | Task (data) | " + " | ".join(f"{s} (lr)" for s in stems) + " | "
+                  "| Group | Task (data) | chance | " + " | ".join(f"{s} (lr)" for s in stems) + " | "
                   + " | ".join(f"Δ {s}" for s in others) + " | Paper Δ B/32, B/16 |",
-                  "|---|---|" + "---|" * (len(stems) + len(others) + 1)]
+                  "|---|---|---|" + "---|" * (len(stems) + len(others) + 1)]
         ordered = sorted(summary["tasks"].items(), key=lambda kv: order.index(kv[0]))
         for name, t in ordered:
             e = t["archs"].get(arch, {})
@@ -141,7 +144,8 @@ def render_table3(metrics: dict, summary: dict) -> str:
             pd = " , ".join(f"{paper['values'][a][name]['dpn'] - paper['values'][a][name]['base']:+.1f}"
                             for a in PAPER_ARCHS)
             data = f"{name} ({t['stand_in']})" if t["stand_in"] else name
-            lines.append(f"| {t['group']} | {data} | " + " | ".join(cells + deltas) + f" | {pd} |")
+            chance = "—" if t.get("chance") is None else f"{t['chance']:.1f}"
+            lines.append(f"| {t['group']} | {data} | {chance} | " + " | ".join(cells + deltas) + f" | {pd} |")
         for g in GROUPS:
             e = summary["groups"].get(g, {}).get(arch)
             if not e:
@@ -149,7 +153,7 @@ def render_table3(metrics: dict, summary: dict) -> str:
             n = next(v["tasks"] for k, v in e.items() if not k.startswith("delta_"))
             cells = [fmt_ci(e[s]["mean"], e[s]["ci95"], 2) if s in e else "—" for s in stems]
             deltas = [_bold(e.get(f"delta_{s}")) for s in others]
-            lines.append(f"| **{g} mean** | {n} task{'s' if n > 1 else ''} | " + " | ".join(cells + deltas) + " | |")
+            lines.append(f"| **{g} mean** | {n} task{'s' if n > 1 else ''} | | " + " | ".join(cells + deltas) + " | |")
         lines.append("")
     outside = [f"{name} ({a})" for name, t in summary["tasks"].items() for a, e in t["archs"].items()
                for k, d in e.items() if k.startswith("delta_") and d["outside_ci"]]

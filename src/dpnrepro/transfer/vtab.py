@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import read_spec, run_dir
@@ -61,8 +62,11 @@ def run_vtab(params: Params, *, progress: bool = True) -> dict:
     for name, task in tasks.items():
         src = vp.tasks[name]
         splits = vtab_splits(task, load_source(src.format, src.source))
+        test_labels = np.bincount(splits["test"]["label"], minlength=task.num_classes)
         entry = {"group": task.group, "num_classes": task.num_classes, "reference": task.reference,
-                 "stand_in": src.stand_in, "examples": {k: len(v) for k, v in splits.items()}, "runs": {}}
+                 "stand_in": src.stand_in, "examples": {k: len(v) for k, v in splits.items()},
+                 "classes_in_test": int((test_labels > 0).sum()),
+                 "majority_test": 100.0 * int(test_labels.max()) / int(test_labels.sum()), "runs": {}}
         for arch in vp.archs:
             for stem in vp.stems:
                 pretrained = run_dir(VTAB_INIT_SWEEP, arch, stem, vp.init_seed)
