@@ -138,7 +138,7 @@ def test_vtab_splits_relabel_a_datasets_source(tmp_path):
     import datasets
     from PIL import Image
 
-    from dpnrepro.transfer.sources import load_source, vtab_splits
+    from dpnrepro.transfer.sources import DecodedSplit, load_source, vtab_splits
 
     img = Image.new("L", (4, 4))
     n = 2000
@@ -151,6 +151,9 @@ def test_vtab_splits_relabel_a_datasets_source(tmp_path):
                                                       "test": 200}
     assert splits["train800"]["label"][:4] == [0, 0, 1, 1]
     assert splits["test"]["label"][:2] == [xs[1800] // 2, xs[1801] // 2]
+    decoded = DecodedSplit(splits["test"])
+    assert decoded._fingerprint == splits["test"]._fingerprint and len(decoded) == 200
+    assert decoded[3]["label"] == splits["test"][3]["label"] and decoded[3]["image"].size == (4, 4)
     with pytest.raises(DatasetError, match="validation"):
         vtab_splits(get_task("DTD"), src)
 

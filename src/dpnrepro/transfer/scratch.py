@@ -17,7 +17,7 @@ from dpnrepro.artifacts import ModelSpec
 from dpnrepro.config import Params, arch_name, transfer_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import scratch_search
-from dpnrepro.transfer.sources import load_source, vtab_splits
+from dpnrepro.transfer.sources import DecodedSplit, load_source, vtab_splits
 from dpnrepro.transfer.tasks import get_task
 
 CKPT_ROOT = Path("checkpoints") / "sun397_scratch"
@@ -53,7 +53,8 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
     if sp is None:
         raise ParamsError("params.yaml has no `sun397_scratch` section (Table 7)")
     task = get_task(TASK)
-    splits = vtab_splits(task, load_source(sp.data.format, sp.data.source), names=("train", "val", "test"))
+    splits = {k: DecodedSplit(v) for k, v in
+              vtab_splits(task, load_source(sp.data.format, sp.data.source), names=("train", "val", "test")).items()}
     inp0, model, train0 = transfer_config(params, sp.recipe)
     runtime = params.runtime
     device = pick_device(train0.device)

@@ -76,3 +76,25 @@ def with_vtab_labels(task: VtabTask, ds):
     labels = [task.label_of(row) for row in ds.select_columns(other)]
     ds = ds.select_columns(["image"]).add_column("label", labels)
     return ds.cast_column("label", datasets.Value("int64"))
+
+
+class DecodedSplit:
+    """A split decoded once into memory (PIL images, labels), read by index like a ``datasets`` split.
+
+    The protocols train and score dozens of models on the same few thousand images; decoding a
+    ``datasets`` row per access was most of a smoke fine-tune's time. Same images, same fingerprint, so
+    results and resumable checkpoints are those of the ``datasets`` split.
+    """
+
+    column_names = ["image", "label"]
+
+    def __init__(self, ds):
+        self._fingerprint = ds._fingerprint
+        self.images = list(ds["image"])
+        self.labels = [int(y) for y in ds["label"]]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.images[i], "label": self.labels[i]}

@@ -19,7 +19,7 @@ from dpnrepro.artifacts import read_spec, run_dir
 from dpnrepro.config import VTAB_INIT_SWEEP, Params, RuntimeParams, vtab_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import vtab_protocol
-from dpnrepro.transfer.sources import load_source, vtab_splits
+from dpnrepro.transfer.sources import DecodedSplit, load_source, vtab_splits
 from dpnrepro.transfer.tasks import get_task
 
 CKPT_ROOT = Path("checkpoints") / "vtab"
@@ -61,8 +61,8 @@ def run_vtab(params: Params, *, progress: bool = True) -> dict:
                desc="vtab fine-tunes", unit="run", disable=not progress, dynamic_ncols=True)
     for name, task in tasks.items():
         src = vp.tasks[name]
-        splits = vtab_splits(task, load_source(src.format, src.source))
-        test_labels = np.bincount(splits["test"]["label"], minlength=task.num_classes)
+        splits = {k: DecodedSplit(v) for k, v in vtab_splits(task, load_source(src.format, src.source)).items()}
+        test_labels = np.bincount(splits["test"].labels, minlength=task.num_classes)
         entry = {"group": task.group, "num_classes": task.num_classes, "reference": task.reference,
                  "stand_in": src.stand_in, "examples": {k: len(v) for k, v in splits.items()},
                  "classes_in_test": int((test_labels > 0).sum()),
