@@ -275,3 +275,72 @@ def test_crop_sampler_matches_each_recipe_source(appendix_c, appendix_d, full):
             inp = sweep_config(full, sweep, arch).input
             expected = ("torchvision", 0.08) if sweep == "deit" else ("big_vision", 0.05)
             assert inp.inception_crop and (inp.crop_sampler, inp.crop_min_area) == expected, (sweep, arch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Appendix E: VTAB fine-tuning (Table 3); appendix F: Sun397 from scratch (Table 7).
+
+
+@pytest.fixture(scope="module")
+def appendix_e() -> str:
+    return paper_config("E VTAB Finetuneing", "F SUN397: Train from scratch")
+
+
+@pytest.fixture(scope="module")
+def appendix_f() -> str:
+    return paper_config("F SUN397: Train from scratch", "Table 7")
+
+
+@pytest.mark.parametrize(
+    "printed, getter",
+    [
+        ("config.loss='sigmoid_xent'", lambda i, m, t: t.loss == "sigmoid_xent"),
+        ("config.total_steps=2500", lambda i, m, t: t.steps == 2500),
+        ("config.input.batch_size=512", lambda i, m, t: t.batch_size == 512),
+        ("config.optax_name='big_vision.momentum_hp'", lambda i, m, t: t.optimizer == "sgd_momentum"),
+        ("config.grad_clip_norm=1.0", lambda i, m, t: t.grad_clip == 1.0),
+        ("config.wd=None", lambda i, m, t: t.weight_decay == 0.0),
+        ("warmup_steps=200,", lambda i, m, t: t.warmup_steps == 200),
+        ("decay_type='cosine'", lambda i, m, t: t.schedule == "cosine"),
+        ("rep_size=True", lambda i, m, t: m.rep_size is True),
+        ("pool_type='tok'", lambda i, m, t: m.pool == "tok"),
+        # head re-initialised: finetune.HEAD_KEYS are not loaded; the fresh head's bias init is 0
+        ("dont_load=['head/kernel','head/bias']", lambda i, m, t: m.head_bias_init == 0.0),
+        ("variant='B/32'", lambda i, m, t: i.image_size == 224 and not i.flip and not i.randaug and not i.mixup),
+    ],
+)
+def test_full_vtab_recipe_matches_appendix_e(appendix_e, full, printed, getter):
+    from dpnrepro.config import vtab_config
+
+    assert printed in appendix_e, f"{printed!r} not in appendix E: the test's transcription is wrong"
+    for lr in full.vtab.lrs:
+        assert getter(*vtab_config(full, lr)), f"profiles/full.yaml vtab disagrees with appendix E's {printed!r}"
+
+
+def test_full_vtab_protocol_matches_sec_6_1(appendix_e, full):
+    from dpnrepro.training.finetune import HEAD_KEYS
+
+    assert "split='train[:800]'" in appendix_e
+    assert HEAD_KEYS == ("head.weight", "head.bias")
+    assert len(full.vtab.lrs) == 3 and 0.0003 in full.vtab.lrs  # "3 learning rates"; appendix E prints 0.0003
+    assert "config.lr=0.0003" in appendix_e
+    assert len(full.vtab.seeds) == 3                            # "mean validation accuracy across 3 seeds"
+    assert set(full.vtab.archs) == {"B-32", "B-16"} and set(full.vtab.archs) <= set(full.table1.archs)
+    assert len(full.vtab.tasks) == 19
+
+
+def test_full_sun397_grid_matches_appendix_f(appendix_f, full):
+    import re
+
+    sp = full.sun397_scratch
+    m = re.search(r"3learningrates:([\d.e,-]+),2weightdecays:([\d.,]+)andtwodropoutvalues:([\d.,]+?)\.We", appendix_f)
+    lrs, wds, dos = ([float(x) for x in g.split(",")] for g in m.groups())
+    assert (sp.grid.lr, sp.grid.weight_decay, sp.grid.dropout) == (lrs, wds, dos)
+    m = re.search(r"3mixupvalues([\d.]+),([\d.]+)and([\d.]+)and4randaugmentdistortionmagnitudes(\d+),(\d+),(\d+)and(\d+)",
+                  appendix_f)
+    assert sp.aug_grid.mixup == [float(x) for x in m.groups()[:3]]
+    assert sp.aug_grid.randaug_magnitude == [int(x) for x in m.groups()[3:]]
+    # "We train the final config for 600 epochs": Sun397's ~76k train images at the profile's batch
+    assert "600epochs" in appendix_f
+    batch = full.train.model_copy(update=full.sun397_scratch.recipe.train).batch_size
+    assert abs(600 * 76_128 / batch - sp.longer_steps) / sp.longer_steps < 0.01

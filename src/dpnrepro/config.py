@@ -349,6 +349,83 @@ class SegmentationParams(_Section):
         return SweepParams._dvc_safe([arch])[0]
 
 
+class TaskSourceParams(_Section):
+    """Where a VTAB task's local copy lives (transfer/sources.py) and, for the smoke profile's
+    stand-ins, which real data it is (printed in the report)."""
+
+    format: Literal["disk", "imagefolder", "hub"]
+    source: str
+    stand_in: str = Field("", description="'' = the task's own data; else what real data stands in for it")
+
+
+class TransferDataParams(_Section):
+    """Smoke only: the offline stand-ins the `transfer_data` stage builds (transfer/smoke_data.py), one
+    DatasetDict per entry under ``out``/<name>; empty at mini/full (point the tasks at real copies)."""
+
+    out: str = "data/transfer"
+    fashion_mnist: str = "/usr/share/datasets/fashion-mnist"
+    sources: dict[str, "SmokeSource"] = Field(default_factory=dict)
+
+
+class SmokeSource(_Section):
+    kind: str = Field(description="a builder of transfer/smoke_data.py (checked when the stage starts)")
+    counts: dict[str, int] = Field(description="source split -> number of examples")
+    seed: int = 0
+
+
+TransferDataParams.model_rebuild()
+
+
+class VtabParams(_Section):
+    """Table 3: fine-tune the `table1` runs (VTAB_INIT_SWEEP) on each task with the VTAB-1k protocol:
+    every lr × seed on train800, the lr chosen by mean val200 accuracy, test accuracy of that lr per seed."""
+
+    init_seed: int = Field(0, description="which pretraining run (seed) of each arch/stem is fine-tuned")
+    archs: list[str] = Field(min_length=1)
+    stems: list[str] = Field(min_length=1)
+    seeds: list[int] = Field(min_length=1)
+    lrs: list[float] = Field(min_length=1)
+    retrain_on_train800val200: bool = Field(False, description=(
+        "after choosing the lr, retrain on train800val200 (standard VTAB-1k) instead of reporting the "
+        "train800 runs; the paper does not say which it did"))
+    tasks: dict[str, TaskSourceParams] = Field(min_length=1, description=(
+        "VTAB task name (transfer/tasks.py, checked when the stage starts) -> its local copy"))
+    recipe: RecipeParams
+
+    @field_validator("lrs")
+    @classmethod
+    def _positive(cls, lrs):
+        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+            raise ValueError(f"lrs must be distinct and positive, got {lrs}")
+        return lrs
+
+
+class ScratchGrid(_Section):
+    lr: list[float] = Field(min_length=1)
+    weight_decay: list[float] = Field(min_length=1)
+    dropout: list[float] = Field(min_length=1)
+
+
+class AugGrid(_Section):
+    mixup: list[float] = Field(min_length=1)
+    randaug_magnitude: list[int] = Field(min_length=1, description="big_vision randaug(2, m); 0 = no RandAugment")
+
+
+class ScratchParams(_Section):
+    """Table 7 (appendix F): train from scratch on Sun397's train split; (1) lr × weight decay × dropout,
+    (2) mixup × RandAugment magnitude, (3) the chosen setting for ``longer_steps``; each chosen on val,
+    reported on test."""
+
+    data: TaskSourceParams
+    archs: list[str] = Field(min_length=1)
+    stems: list[str] = Field(min_length=1)
+    seed: int = 0
+    grid: ScratchGrid
+    aug_grid: AugGrid
+    longer_steps: int = Field(gt=0)
+    recipe: RecipeParams
+
+
 class SweepDef(NamedTuple):
     """What a sweep is, whatever the profile: the table (or figure, e.g. ``"figure1"``) it fills, the dataset section it trains on, the
     sweep whose runs initialise it (fine-tuning) and how it is evaluated (top-1 on minival/val, or
@@ -423,6 +500,9 @@ class Params(_Section):
     export_seg_canvases: SegCanvasParams | None = None
     segmentation: SegmentationParams | None = Field(None, description="Table 5 (ADE20K, mmsegmentation)")
     benchmark: BenchmarkParams = Field(default_factory=BenchmarkParams)
+    transfer_data: TransferDataParams = Field(default_factory=TransferDataParams)
+    vtab: VtabParams | None = Field(None, description="Table 3 (transfer/vtab.py)")
+    sun397_scratch: ScratchParams | None = Field(None, description="Table 7 (transfer/scratch.py)")
 
     @model_validator(mode="after")
     def _sweeps_resolve(self):
@@ -486,6 +566,21 @@ class Params(_Section):
             if missing:
                 raise ValueError(f"segmentation starts from table1 runs that table1 does not train: {missing} "
                                  "(or set segmentation.pretrained_seed: null for a random init)")
+        return self
+
+    @model_validator(mode="after")
+    def _transfer_resolves(self):
+        if self.vtab is not None:
+            missing = [f"{a}/{st}" for a in self.vtab.archs for st in self.vtab.stems
+                       if a not in self.table1.archs or st not in self.table1.stems]
+            if missing or self.vtab.init_seed not in self.table1.seeds:
+                raise ValueError(f"vtab fine-tunes {VTAB_INIT_SWEEP} runs it lacks: {missing or ''} "
+                                 f"seed {self.vtab.init_seed} (table1 seeds {self.table1.seeds})")
+            for lr in self.vtab.lrs:
+                vtab_config(self, lr)
+        if self.sun397_scratch is not None:
+            for arch in self.sun397_scratch.archs:
+                parse_arch_checked(arch)
         return self
 
     def sweeps(self) -> dict[str, SweepParams]:
@@ -583,3 +678,31 @@ def sweep_config(params: Params, sweep: str, arch: str, variant: str = "") -> Sw
 def arch_name(arch: str) -> str:
     """Params spell archs DVC-safe ('B-16'); the paper and the model registry use 'B/16'."""
     return arch.replace("-", "/")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Transfer (Tables 3 and 7): recipes are the top-level sections plus the section's recipe deltas.
+
+VTAB_INIT_SWEEP = "table1"  # Table 3 fine-tunes the ImageNet (AugReg) runs of Table 1
+
+
+def parse_arch_checked(arch: str) -> str:
+    from dpnrepro.models import parse_arch
+
+    if "/" in arch:
+        raise ValueError(f"write arch {arch!r} as {arch.replace('/', '-')!r}")
+    parse_arch(arch_name(arch))
+    return arch
+
+
+def transfer_config(params: Params, recipe: RecipeParams, **train_delta) -> tuple[InputParams, ModelParams, TrainParams]:
+    """Top-level input/model/train + ``recipe``'s deltas (+ ``train_delta``), validated."""
+    try:
+        return (_merge(params.input, recipe.input, InputParams), _merge(params.model, recipe.model, ModelParams),
+                _merge(params.train, {**recipe.train, **train_delta}, TrainParams))
+    except ValidationError as exc:
+        raise ValueError(_describe(exc)) from None
+
+
+def vtab_config(params: Params, lr: float) -> tuple[InputParams, ModelParams, TrainParams]:
+    return transfer_config(params, params.vtab.recipe, lr=lr)

@@ -1,0 +1,100 @@
+"""A VTAB task's local copy → its ``train800`` / ``val200`` / ``train800val200`` / ``test`` splits.
+
+The copy is a ``datasets`` directory (``disk``: ``save_to_disk`` of a DatasetDict), an image folder
+(``imagefolder``: ``<root>/<split>/<class>/<img>``, or images with a ``metadata.jsonl`` carrying the
+raw fields of a structured task) or, only when online, a hub name (``hub``). Its splits are the ones the
+task's TFDS builder has (``train``, ``validation``, ``test``); :class:`~dpnrepro.transfer.tasks.SplitRule`
+cuts VTAB's splits out of them and the task's label rule gives each example its VTAB label.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dpnrepro.errors import DatasetError
+from dpnrepro.transfer.tasks import VtabTask
+
+FORMATS = ("disk", "imagefolder", "hub")
+
+
+def load_source(fmt: str, source: str):
+    """The copy as a ``datasets.DatasetDict``; a one-line :class:`DatasetError` when it cannot be read."""
+    import datasets
+
+    if fmt == "disk":
+        if not Path(source, "dataset_dict.json").exists():
+            raise DatasetError(f"{source} is not a `datasets` save_to_disk directory of splits "
+                               "(no dataset_dict.json); point the task's `source` at one")
+        return datasets.load_from_disk(source)
+    if fmt == "imagefolder":
+        if not Path(source).is_dir():
+            raise DatasetError(f"image folder {source} does not exist")
+        return datasets.load_dataset("imagefolder", data_dir=source)
+    if fmt == "hub":
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+            raise DatasetError(f"hub dataset {source!r} needs the network: set HF_HUB_OFFLINE=0 "
+                               "HF_DATASETS_OFFLINE=0 once, or point `source` at a local copy (`disk`)")
+        try:
+            return datasets.load_dataset(source)
+        except Exception as exc:  # noqa: BLE001 - the hub raises many types; the user needs one line
+            raise DatasetError(f"cannot load hub dataset {source!r}: {type(exc).__name__}: {exc}") from None
+    raise DatasetError(f"unknown task source format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def vtab_splits(task: VtabTask, source, names=("train800", "val200", "train800val200", "test")) -> dict:
+    """``{name: Dataset(image, label)}`` of ``task`` from the DatasetDict ``source``.
+
+    Each split is a ``select`` of the source rows the task's split rule names (so the examples keep
+    their source identity: ``train800`` and ``val200`` never share a row), with ``label`` set by the
+    task's label rule.
+    """
+    import datasets
+
+    slices = {name: task.splits.slices()[name] for name in names}
+    missing = sorted({sl.split for sls in slices.values() for sl in sls} - set(source))
+    if missing:
+        raise DatasetError(f"{task.name} needs the source split(s) {missing} ({task.reference}); "
+                           f"the copy has {sorted(source)}")
+    out = {}
+    for name in names:
+        parts = []
+        for sl in slices[name]:
+            parts.append(source[sl.split].select(sl.indices(len(source[sl.split]))))
+        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        out[name] = with_vtab_labels(task, ds)
+    return out
+
+
+def with_vtab_labels(task: VtabTask, ds):
+    """``ds`` reduced to ``image`` and the task's ``label`` (computed from the raw fields when present)."""
+    import datasets
+
+    if "image" not in ds.column_names:
+        raise DatasetError(f"{task.name}: the source has no `image` column (columns: {ds.column_names})")
+    other = [c for c in ds.column_names if c != "image"]
+    labels = [task.label_of(row) for row in ds.select_columns(other)]
+    ds = ds.select_columns(["image"]).add_column("label", labels)
+    return ds.cast_column("label", datasets.Value("int64"))
+
+
+class DecodedSplit:
+    """A split decoded once into memory (PIL images, labels), read by index like a ``datasets`` split.
+
+    The protocols train and score dozens of models on the same few thousand images; decoding a
+    ``datasets`` row per access was most of a smoke fine-tune's time. Same images, same fingerprint, so
+    results and resumable checkpoints are those of the ``datasets`` split.
+    """
+
+    column_names = ["image", "label"]
+
+    def __init__(self, ds):
+        self._fingerprint = ds._fingerprint
+        self.images = list(ds["image"])
+        self.labels = [int(y) for y in ds["label"]]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.images[i], "label": self.labels[i]}

@@ -1,0 +1,362 @@
+"""Tables 3 and 7: VTAB task adapters (label rules on hand-made examples, split protocol), the selection
+protocols (validation chooses, test only reports), the smoke stand-ins and the report statistics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dpnrepro.errors import DatasetError
+from dpnrepro.transfer.protocol import scratch_search, select_best, vtab_protocol
+from dpnrepro.transfer.tasks import TASKS, Slice, get_task
+from helpers import FMNIST
+
+
+def _clevr(depths):
+    return {"objects": {"size": [1] * len(depths), "pixel_coords": [[0.0, 0.0, d] for d in depths]}}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The 19 tasks and their label rules (task_adaptation/data/*.py)
+
+
+def test_the_19_tasks_of_table_3_with_vtab_class_counts():
+    from dpnrepro.reports.paper import load_paper_table
+
+    paper = load_paper_table(3)["datasets"]
+    assert {g: [t for t, v in TASKS.items() if v.group == g] for g in paper} == paper
+    classes = {"Caltech101": 102, "CIFAR-100": 100, "DTD": 47, "Flowers102": 102, "Pets": 37, "Sun397": 397,
+               "SVHN": 10, "Camelyon": 2, "EuroSAT": 10, "Resisc45": 45, "Retinopathy": 5, "Clevr-Count": 8,
+               "Clevr-Dist": 6, "DMLab": 6, "dSpr-Loc": 16, "dSpr-Ori": 16, "KITTI-Dist": 4, "sNORB-Azim": 18,
+               "sNORB-Elev": 9}
+    assert {t: v.num_classes for t, v in TASKS.items()} == classes
+
+
+@pytest.mark.parametrize("objects, label", [(3, 0), (4, 1), (10, 7)])
+def test_clevr_count_is_objects_minus_3(objects, label):
+    assert get_task("Clevr-Count").label_of(_clevr([9.0] * objects)) == label
+
+
+def test_clevr_count_outside_3_to_10_is_an_error():
+    with pytest.raises(DatasetError, match="outside"):
+        get_task("Clevr-Count").label_of(_clevr([9.0] * 11))
+
+
+@pytest.mark.parametrize("depths, label", [
+    ([7.9, 12.0], 0), ([8.0], 0),          # a depth equal to a threshold falls into the bin below
+    ([8.01, 9.7], 1), ([8.5], 1), ([8.6], 2), ([9.2, 11.0], 3), ([9.6], 4), ([10.0], 4), ([10.5, 30.0], 5),
+])
+def test_clevr_distance_bins_the_nearest_object(depths, label):
+    assert get_task("Clevr-Dist").label_of(_clevr(depths)) == label
+
+
+@pytest.mark.parametrize("types, depths, label", [
+    ([0], [5.0], 0), ([0], [8.0], 0), ([1], [8.5], 1), ([2], [20.0], 1), ([0], [25.0], 2),
+    ([3, 0], [2.0, 15.0], 1),   # the pedestrian (type 3) is nearer but not a vehicle
+    ([3, 4], [2.0, 3.0], 3),    # no Car/Van/Truck: the "no vehicle" class
+    ([], [], 3),
+])
+def test_kitti_distance_bins_the_nearest_vehicle(types, depths, label):
+    ex = {"objects": {"type": types, "location": [[0.0, 0.0, d] for d in depths]}}
+    assert get_task("KITTI-Dist").label_of(ex) == label
+
+
+@pytest.mark.parametrize("x, label", [(0, 0), (1, 0), (2, 1), (17, 8), (31, 15)])
+def test_dsprites_position_32_values_in_16_bins(x, label):
+    assert get_task("dSpr-Loc").label_of({"label_x_position": x, "label_orientation": 7}) == label
+
+
+@pytest.mark.parametrize("o, label", [(0, 0), (2, 0), (3, 1), (4, 1), (5, 2), (20, 8), (39, 15)])
+def test_dsprites_orientation_40_values_in_16_bins(o, label):
+    assert get_task("dSpr-Ori").label_of({"label_orientation": o, "label_x_position": 3}) == label
+
+
+def test_smallnorb_azimuth_and_elevation_as_given():
+    ex = {"label_azimuth": 17, "label_elevation": 8, "label_category": 2}
+    assert (get_task("sNORB-Azim").label_of(ex), get_task("sNORB-Elev").label_of(ex)) == (17, 8)
+    with pytest.raises(DatasetError):
+        get_task("sNORB-Elev").label_of({"label_elevation": 9})
+
+
+def test_a_source_with_vtab_labels_and_no_raw_fields_is_read_as_is():
+    assert get_task("Clevr-Count").label_of({"label": 5}) == 5
+    with pytest.raises(DatasetError, match="neither"):
+        get_task("Clevr-Count").label_of({"other": 1})
+
+
+def test_unknown_task_names_the_19():
+    with pytest.raises(DatasetError, match="Caltech101"):
+        get_task("ImageNet")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Splits: train800 / val200 / test, disjoint
+
+
+SOURCE_SIZES = {"train": 3000, "validation": 600, "test": 800}
+
+
+def _rows(task, name):
+    return {(sl.split, i) for sl in task.splits.slices()[name] for i in sl.indices(SOURCE_SIZES[sl.split])}
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_train800_val200_test_are_disjoint_slices_of_the_source(name):
+    task = TASKS[name]
+    train, val, test = _rows(task, "train800"), _rows(task, "val200"), _rows(task, "test")
+    assert (len(train), len(val)) == (800, 200)
+    assert not (train & val) and not (train & test) and not (val & test)
+    assert _rows(task, "train800val200") == train | val
+    assert train <= _rows(task, "train") and val <= _rows(task, "val")
+
+
+def test_split_rules_follow_task_adaptation():
+    n = SOURCE_SIZES["train"]
+    # caltech101: val200 = train[90%:][:200]; test = the official test split
+    assert _rows(TASKS["Caltech101"], "val200") == {("train", i) for i in range(90 * n // 100, 90 * n // 100 + 200)}
+    # dsprites: one split, 80 / 10 / 10
+    assert _rows(TASKS["dSpr-Loc"], "test") == {("train", i) for i in range(90 * n // 100, n)}
+    # smallnorb: val = test[:50%], test = test[50%:]
+    assert _rows(TASKS["sNORB-Elev"], "val200") == {("test", i) for i in range(200)}
+    assert min(i for _, i in _rows(TASKS["sNORB-Elev"], "test")) == SOURCE_SIZES["test"] // 2
+    # clevr: VTAB's test is the TFDS validation split
+    assert {s for s, _ in _rows(TASKS["Clevr-Count"], "test")} == {"validation"}
+    # DTD: validation[:200]
+    assert _rows(TASKS["DTD"], "val200") == {("validation", i) for i in range(200)}
+
+
+def test_a_source_too_small_for_the_protocol_is_a_clear_error():
+    with pytest.raises(DatasetError, match="needs 800"):
+        Slice("train", 0, None, 800).indices(500)
+    with pytest.raises(DatasetError, match="needs 200"):  # val200 past the end of a held-out 10 %
+        Slice("train", "90%", None, 200).indices(1500)
+
+
+def test_vtab_splits_relabel_a_datasets_source(tmp_path):
+    import datasets
+    from PIL import Image
+
+    from dpnrepro.transfer.sources import DecodedSplit, load_source, vtab_splits
+
+    img = Image.new("L", (4, 4))
+    n = 2000
+    xs = [i % 32 for i in range(n)]
+    src = datasets.DatasetDict({"train": datasets.Dataset.from_dict(
+        {"image": [img] * n, "label_x_position": xs, "label_orientation": [0] * n})})
+    src.save_to_disk(str(tmp_path / "dsprites"))
+    splits = vtab_splits(get_task("dSpr-Loc"), load_source("disk", str(tmp_path / "dsprites")))
+    assert {k: len(v) for k, v in splits.items()} == {"train800": 800, "val200": 200, "train800val200": 1000,
+                                                      "test": 200}
+    assert splits["train800"]["label"][:4] == [0, 0, 1, 1]
+    assert splits["test"]["label"][:2] == [xs[1800] // 2, xs[1801] // 2]
+    decoded = DecodedSplit(splits["test"])
+    assert decoded._fingerprint == splits["test"]._fingerprint and len(decoded) == 200
+    assert decoded[3]["label"] == splits["test"][3]["label"] and decoded[3]["image"].size == (4, 4)
+    with pytest.raises(DatasetError, match="validation"):
+        vtab_splits(get_task("DTD"), src)
+
+
+def test_missing_or_offline_sources_fail_with_one_line(tmp_path, monkeypatch):
+    from dpnrepro.transfer.sources import load_source
+
+    with pytest.raises(DatasetError, match="save_to_disk"):
+        load_source("disk", str(tmp_path / "nope"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DatasetError, match="network"):
+        load_source("hub", "clip-benchmark/wds_vtab-dtd")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Selection: validation chooses, test only reports
+
+
+class Recorder:
+    """A fake trainer/evaluator: accuracy per (lr, split) from a table; records every call."""
+
+    def __init__(self, table):
+        self.table, self.fits, self.scores = table, [], []
+
+    def fit(self, split, hp, seed):
+        self.fits.append((split, hp.get("lr"), seed))
+        return (split, hp, seed)
+
+    def score(self, model, split):
+        self.scores.append((model, split))
+        _, hp, seed = model
+        return self.table[hp["lr"]][split] + 0.1 * seed
+
+
+def test_select_best_takes_the_highest_mean_and_the_first_of_ties():
+    assert select_best({0.1: [50, 70], 0.3: [61, 61], 1.0: [40, 80]}) == 0.3
+    assert select_best({"a": [1.0], "b": [1.0]}) == "a"
+
+
+def test_vtab_chooses_the_lr_by_validation_never_by_test():
+    # lr 0.03 is best on test, lr 0.01 on validation: the protocol must report lr 0.01's test accuracy.
+    rec = Recorder({0.003: {"val200": 50, "test": 60}, 0.01: {"val200": 70, "test": 40}, 0.03: {"val200": 60, "test": 90}})
+    out = vtab_protocol([0.003, 0.01, 0.03], [0, 1, 2], rec.fit, rec.score)
+    assert out["lr"] == 0.01
+    assert out["test"] == pytest.approx([40.0, 40.1, 40.2])
+    assert out["val"]["0.03"] == pytest.approx([60.0, 60.1, 60.2])
+    tested = [m for m, split in rec.scores if split == "test"]
+    assert [m[1]["lr"] for m in tested] == [0.01] * 3             # test scored for the chosen lr only,
+    assert [split for _, split in rec.scores][-3:] == ["test"] * 3  # after every validation score
+    assert out["trained_on"] == "train800" and len(rec.fits) == 9
+
+
+def test_vtab_retrains_the_chosen_lr_on_train800val200_when_asked():
+    rec = Recorder({0.01: {"val200": 70, "test": 40}, 0.03: {"val200": 60, "test": 90}})
+    out = vtab_protocol([0.01, 0.03], [0, 1], rec.fit, rec.score, retrain_on_train800val200=True)
+    assert rec.fits[-2:] == [("train800val200", 0.01, 0), ("train800val200", 0.01, 1)]
+    assert [m[0] for m, split in rec.scores if split == "test"] == ["train800val200"] * 2
+    assert out["trained_on"] == "train800val200"
+
+
+def test_scratch_search_three_steps_each_chosen_on_validation():
+    def acc(hp, split):  # validation prefers lr 1e-3, mixup 0.2, randaug 10; test prefers other settings
+        v = (hp["lr"] == 1e-3) * 10 + (hp.get("mixup") == 0.2) * 5 + (hp.get("randaug_magnitude") == 10) * 3 \
+            + hp.get("steps", 0) / 1000
+        return v if split == "val" else 100 - v
+
+    fits, tests = [], []
+
+    def fit(split, hp, seed):
+        assert split == "train"
+        fits.append(hp)
+        return dict(hp)
+
+    def score(model, split):
+        if split == "test":
+            tests.append(model)
+        return acc(model, split)
+
+    grid = [{"lr": lr, "weight_decay": 0.1, "dropout": 0.0} for lr in (1e-4, 1e-3)]
+    aug = [{"mixup": m, "randaug_magnitude": r} for m in (0.0, 0.2) for r in (0, 10)]
+    rows = scratch_search(grid, aug, {"steps": 2000}, 0, fit, score)
+    assert [r["setting"] for r in rows] == ["from scratch", "+ Augmentation", "+ Train Longer"]
+    assert rows[0]["hparams"]["lr"] == 1e-3
+    assert (rows[1]["hparams"]["mixup"], rows[1]["hparams"]["randaug_magnitude"], rows[1]["hparams"]["lr"]) == (0.2, 10, 1e-3)
+    assert rows[2]["hparams"] == {**rows[1]["hparams"], "steps": 2000}
+    assert tests == [r["hparams"] for r in rows]        # test: once per row, the chosen setting only
+    assert len(fits) == len(grid) + len(aug) + 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Smoke stand-ins: the real adapters read them
+
+
+def test_fmnist_scenes_store_clevr_objects_and_count_labels():
+    from dpnrepro.transfer.smoke_data import fmnist_scenes
+    if not FMNIST.is_dir():
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    dd = fmnist_scenes({"train": 12}, 0, str(FMNIST))
+    for ex in dd["train"]:
+        k = len(ex["objects"]["size"])
+        assert 3 <= k <= 10
+        assert get_task("Clevr-Count").label_of(ex) == k - 3
+        assert np.asarray(ex["image"]).shape == (28, 28) and np.asarray(ex["image"]).max() > 0
+
+
+def test_fmnist_sprites_put_the_item_where_the_position_latent_says():
+    from dpnrepro.transfer.smoke_data import fmnist_sprites
+    if not FMNIST.is_dir():
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    dd = fmnist_sprites({"train": 40}, 0, str(FMNIST))
+    for ex in dd["train"]:
+        cols = np.nonzero(np.asarray(ex["image"]).max(0))[0]
+        x0 = round(ex["label_x_position"] * 16 / 31)
+        assert x0 <= cols.min() and cols.max() < x0 + 12
+
+
+def test_texture_and_nuclei_splits_come_from_disjoint_bands():
+    from dpnrepro.transfer.smoke_data import BANDS
+
+    edges = [BANDS[s] for s in ("train", "validation", "test")]
+    assert edges[0][1] == edges[1][0] and edges[1][1] == edges[2][0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reports
+
+
+def _vtab_metrics(base, dpn):
+    runs = {f"Mu-7_{stem}": {"arch": "Mu-7", "stem": stem, "lr": 0.01, "test": acc, "trained_on": "train800",
+                              "val": {"0.01": acc}} for stem, acc in (("conv", base), ("dpn", dpn))}
+    return {"profile": "smoke", "hardware": "cpu", "init_from": "table1", "init_seed": 0, "lrs": [0.01],
+            "seeds": [0, 1, 2], "retrain_on_train800val200": False, "recipe": "r",
+            "tasks": {"SVHN": {"group": "natural", "stand_in": "MNIST", "runs": runs},
+                      "DTD": {"group": "natural", "stand_in": "textures", "runs": {
+                          k: {**v, "test": [a + 10 for a in v["test"]]} for k, v in runs.items()}}}}
+
+
+def test_table3_flags_differences_outside_the_ci_and_averages_groups_per_seed(tmp_path):
+    from dpnrepro.reports.transfer_tables import build_transfer_table, summarize_vtab
+
+    clear = summarize_vtab(_vtab_metrics([50, 51, 52], [60, 61, 62.5]))
+    assert clear["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["outside_ci"]
+    noisy = summarize_vtab(_vtab_metrics([50, 60, 40], [52, 55, 47]))
+    assert not noisy["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["outside_ci"]
+    group = clear["groups"]["natural"]["Mu-7"]["conv"]
+    assert group["test"] == [55, 56, 57] and group["mean"] == pytest.approx(56)
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "vtab.json").write_text(json.dumps(_vtab_metrics([50, 51, 52], [60, 61, 62.5])))
+    md, png, _ = build_transfer_table(3, tmp_path / "metrics", tmp_path / "reports")
+    text = md.read_text()
+    assert "| natural | SVHN (MNIST) | — |" in text and "**+10.17" in text and png.stat().st_size > 0
+    assert "| natural | Caltech101 | 87.1 | 87.7 | +0.6 | 86.1 | 86.6 | +0.5 |" in text  # paper, from table3.yaml
+
+
+def test_table7_rows_from_the_search(tmp_path):
+    from dpnrepro.reports.transfer_tables import build_transfer_table
+
+    rows = lambda t: [{"setting": s, "hparams": {"lr": 0.001}, "val": t + i, "test": t + i, "candidates": []}  # noqa: E731
+                      for i, s in enumerate(("from scratch", "+ Augmentation", "+ Train Longer"))]
+    metrics = {"profile": "smoke", "hardware": "cpu", "task": "Sun397", "stand_in": "MNIST", "seed": 0,
+               "examples": {"train": 10, "val": 5, "test": 5}, "recipe": "r", "grid": [{}], "aug_grid": [{}],
+               "longer": {"steps": 80}, "runs": {f"Mu-7_{s}": {"arch": "Mu-7", "stem": s, "rows": rows(t)}
+                                                 for s, t in (("conv", 40.0), ("dpn", 45.0))}}
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "sun397_scratch.json").write_text(json.dumps(metrics))
+    md, _, summary = build_transfer_table(7, tmp_path / "metrics", tmp_path / "reports")
+    text = md.read_text()
+    assert "| + Train Longer | 42.00 (42.00) | 47.00 (47.00) | +5.00 |" in text
+    assert "| from scratch | 41.4 | 47.5 | +6.1 | 45.6 | 51.8 | +6.2 |" in text
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cost of the full profile
+
+
+def test_full_profile_cost_counts_every_run_of_both_tables():
+    from dpnrepro.config import load_params
+    from dpnrepro.transfer.cost import gpu_hours, scratch_cost, vtab_cost
+    from helpers import REPO
+
+    full = load_params(REPO / "profiles" / "full.yaml")
+    t3 = vtab_cost(full)
+    assert t3["B-16"]["runs"] == 19 * 2 * 3 * 3                       # tasks x stems x lrs x seeds
+    assert t3["B-16"]["train_images"] == 19 * 2 * 3 * 3 * 2500 * 512
+    assert t3["B-16"]["train_flops"] == pytest.approx(3 * 35.13e9 * t3["B-16"]["train_images"], rel=1e-3)
+    t7 = scratch_cost(full)
+    assert t7["B-16"]["runs"] == 2 * (12 + 11 + 1)                    # step 2 re-uses step 1's winner
+    assert gpu_hours(t3, mfu=0.4) == pytest.approx(gpu_hours(t3, mfu=0.2) / 2)
+
+
+def test_scratch_search_trains_step_1s_winner_once_when_canonical_says_so():
+    fits = []
+
+    def fit(split, hp, seed):
+        fits.append(hp)
+        return hp
+
+    def no_aug(hp):
+        return {k: v for k, v in hp.items() if not (k in ("mixup", "randaug_magnitude") and v == 0)}
+
+    grid = [{"lr": lr} for lr in (1e-4, 1e-3)]
+    aug = [{"mixup": m, "randaug_magnitude": r} for m in (0.0, 0.2) for r in (0, 10)]
+    rows = scratch_search(grid, aug, {"steps": 9}, 0, fit, lambda m, s: m["lr"] * 1e4 - m.get("mixup", 0),
+                          canonical=no_aug)
+    assert rows[1]["hparams"] == {"lr": 1e-3, "mixup": 0.0, "randaug_magnitude": 0}  # no augmentation wins
+    assert len(fits) == len(grid) + len(aug) - 1 + 1                                  # trained once, not twice
