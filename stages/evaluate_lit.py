@@ -1,4 +1,4 @@
-"""DVC stage `evaluate-lit`: zero-shot top-1 of every LiT run on ``lit.zeroshot.datasets`` with each
+"""DVC stage `lit_evaluate`: zero-shot top-1 of every LiT run on ``lit.zeroshot.datasets`` with each
 classifier of ``lit.zeroshot.classifiers`` → metrics/lit.json."""
 
 from pathlib import Path

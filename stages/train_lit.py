@@ -1,4 +1,4 @@
-"""DVC stage `train-lit`: a text tower from scratch against every locked image tower of ``lit.towers``,
+"""DVC stage `lit_train`: a text tower from scratch against every locked image tower of ``lit.towers``,
 ``lit.seeds`` runs each (Table 4) → runs/lit/."""
 
 from dpnrepro.cli import stage

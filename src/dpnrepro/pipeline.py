@@ -89,17 +89,17 @@ def stages() -> dict:
 
 
 def lit_stages() -> dict:
-    """Table 4 (LiT): caption corpus (smoke) -> train-lit (text towers on the locked Table 2 towers) ->
-    evaluate-lit (zero-shot) -> table4. The towers' sweeps are params (lit.towers.sweeps), the runs of
+    """Table 4 (LiT): caption corpus (smoke) -> lit_train (text towers on the locked Table 2 towers) ->
+    lit_evaluate (zero-shot) -> table4. The towers' sweeps are params (lit.towers.sweeps), the runs of
     every JFT-style sweep are deps (the ones this profile does not lock cost nothing to hash)."""
     towers = [f"runs/{s}" for s, d in SWEEPS.items() if d.dataset == "data_jft" and d.init_from is None]
     lit_params = ["lit.towers", "lit.seeds", "lit.data", "lit.context_length", "lit.text", "lit.temperature_init",
                   "lit.train"]
     return {
         "lit_captions": _stage("stages/lit_captions.py", params=["lit_captions"], outs=["data/raw/lit_captions"]),
-        "train-lit": _stage("stages/train_lit.py", deps=["data/raw/lit_captions", *towers], params=lit_params,
+        "lit_train": _stage("stages/train_lit.py", deps=["data/raw/lit_captions", *towers], params=lit_params,
                             outs=["runs/lit"]),
-        "evaluate-lit": _stage("stages/evaluate_lit.py", deps=["runs/lit", *towers],
+        "lit_evaluate": _stage("stages/evaluate_lit.py", deps=["runs/lit", *towers],
                                params=[*lit_params, "lit.zeroshot"], metrics=["metrics/lit.json"]),
         "table4": _stage("stages/table4.py", deps=["reports/paper", "metrics/lit.json"],
                          outs=[{"reports/table4.md": {"cache": False}}, {"reports/table4.png": {"cache": False}}],
@@ -112,7 +112,7 @@ HEADER = """\
 # hand (tests/test_pipeline_contract.py fails when this file and the generator disagree).
 #
 # export_imagefolder -> prepare -> train-<sweep> -> evaluate-table<N> -> table<N>
-# lit_captions + train-jft_* -> train-lit -> evaluate-lit -> table4   (LiT, Table 4)
+# lit_captions + train-jft_* -> lit_train -> lit_evaluate -> table4   (LiT, Table 4)
 # A train stage trains every (arch, stem, seed) of its sweep in one process; a run whose checkpoint
 # is complete is restored, not retrained, so adding a seed trains only the new run. Fine-tune sweeps
 # start from the run of their init_from sweep with the same arch/stem/seed. Resumable training state

@@ -1,4 +1,4 @@
-"""Zero-shot scores of every trained LiT run (stage `evaluate-lit`): each run rebuilt on its locked tower
+"""Zero-shot scores of every trained LiT run (stage `lit_evaluate`): each run rebuilt on its locked tower
 (refused if the tower's weights are not the ones it was trained on), every zero-shot set embedded once per
 tower, class embeddings per run and classifier (``evaluation/zeroshot.py``)."""
 
@@ -24,7 +24,7 @@ def load_lit_run(path: Path, tower: LockedImageTower, tower_digest: str, lit_par
     spec = json.loads((path / SPEC_FILE).read_text())
     if spec["tower_sha256"] != tower_digest:
         raise CheckpointError(f"{path} was trained on another image tower than {spec['tower']} holds now; "
-                              "rerun `dvc repro train-lit`")
+                              "rerun `dvc repro lit_train`")
     lit = build_lit(tower, lit_params, spec["arch"])
     missing, unexpected = lit.load_state_dict(load_file(str(path / TEXT_FILE)), strict=False)
     if unexpected or [k for k in missing if not k.startswith("image.")]:
@@ -71,7 +71,7 @@ def evaluate_lit(params, *, progress: bool = True) -> dict:
         for seed in tqdm(lp.seeds, desc=f"zero-shot {sweep}/{path.name}", disable=not progress, leave=False):
             lit_path = lit_run_dir(sweep, arch, stem, lp.towers.seed, seed)
             if not (lit_path / SPEC_FILE).exists():
-                raise CheckpointError(f"LiT run {lit_path} does not exist; run `dvc repro train-lit` first")
+                raise CheckpointError(f"LiT run {lit_path} does not exist; run `dvc repro lit_train` first")
             lit, spec = load_lit_run(lit_path, tower, digest, lp)
             lit.to(device)
             scores = {name: {c: zeroshot_top1(image_emb[name], labels,

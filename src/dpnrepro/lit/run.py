@@ -1,5 +1,5 @@
-"""LiT runs from validated params: train every (tower, seed) text tower (stage `train-lit`; scored by
-``lit/evaluate.py``, stage `evaluate-lit`). One process per stage; image embeddings once per tower.
+"""LiT runs from validated params: train every (tower, seed) text tower (stage `lit_train`; scored by
+``lit/evaluate.py``, stage `lit_evaluate`). One process per stage; image embeddings once per tower.
 
 A LiT run lives in ``runs/lit/<sweep>/<arch>_<stem>_s<tower seed>/lit_s<seed>/``: ``text.safetensors``
 (the text tower and ``log_temperature``) and ``lit.json`` (what it was trained on and with, including the
@@ -122,7 +122,7 @@ def train_lit(params, *, progress: bool = True) -> list[Path]:
 def describe_lit(lp) -> str:
     """One line saying how the LiT runs were trained (the report prints it)."""
     t = lp.train
-    texts = "; ".join(f"{a}: {v.layers} layers, width {v.width}, {v.heads} heads" for a, v in lp.text.items())
+    texts = "; ".join(f"{a}: {v.layers} layer{'s' if v.layers > 1 else ''}, width {v.width}, {v.heads} heads" for a, v in lp.text.items())
     return (f"text tower from scratch (open_clip TextTransformer, BPE, {lp.context_length} tokens; {texts}), "
             f"image tower locked; {t.optimizer} lr {t.lr:g}, wd {t.weight_decay:g} (decoupled, kernels only), "
             f"batch {t.batch_size}, {t.steps} steps ({t.warmup_steps} warm-up, {t.schedule}), clip {t.grad_clip:g}, "

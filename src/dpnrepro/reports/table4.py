@@ -38,7 +38,8 @@ def summarize(metrics: dict) -> dict:
                 by.setdefault(run["sweep"], {}).setdefault(run["arch"], {}).setdefault(run["stem"], {})[
                     run["seed"]] = run["zeroshot"][name][clf]
             block = out.setdefault(name, {}).setdefault(clf, {})
-            for sweep, archs in by.items():
+            order = list(SWEEP_STEPS)
+            for sweep, archs in sorted(by.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
                 for arch, stems in archs.items():
                     entry = {}
                     for stem, seeds in sorted(stems.items()):
@@ -86,7 +87,7 @@ def render_markdown(metrics: dict, summary: dict) -> str:
         "",
         f"## Paper ({paper['source']})",
         "",
-        f"{paper['metric']}; ± {paper['ci']}. Δ = DPN − Base of the printed values.",
+        f"{paper['metric']}. ±: {paper['ci']}. Δ = DPN − Base of the printed values.",
         "",
         "| Arch | Image-tower steps | Base | DPN | Δ |",
         "|---|---|---|---|---|",
@@ -165,7 +166,7 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
     axes[1].barh(range(len(ours_labels)), ours_vals, xerr=ours_err, capsize=3,
                  color=["#d62728" if v >= 0 else "#444444" for v in ours_vals])
     axes[1].set_yticks(range(len(ours_labels)), ours_labels, fontsize=8)
-    axes[1].set_title(f"Ours ({metrics['profile']}, {head}): dpn − conv ± 95 % CI")
+    axes[1].set_title(f"Ours ({metrics['profile']}, {head}): dpn − conv, 95 % CI", fontsize=10)
     for ax in axes:
         ax.invert_yaxis()
         ax.axvline(0, color="black", lw=0.8)
@@ -179,7 +180,7 @@ def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = 
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
     src = metrics_dir / "lit.json"
     if not src.exists():
-        raise UserError(f"{src} is missing; run `dvc repro evaluate-lit` first")
+        raise UserError(f"{src} is missing; run `dvc repro lit_evaluate` first")
     metrics = json.loads(src.read_text())
     summary = summarize(metrics)
     reports_dir.mkdir(exist_ok=True)
