@@ -299,3 +299,16 @@ def test_table4_summary_means_cis_and_paired_deltas():
     s = summarize({"datasets": {"fm": {}}, "classifiers": ["label"], "runs": runs})["fm"]["label"]["jft_220k"]["Mu-7"]
     assert s["conv"]["mean"] == pytest.approx(52.0) and s["conv"]["ci95"] == pytest.approx(4.303 * 2 / math.sqrt(3), rel=1e-3)
     assert s["delta_dpn"]["mean"] == pytest.approx(1.0) and s["delta_dpn"]["n"] == 3
+
+
+def test_cost_model_counts_the_locked_forward_and_the_text_training():
+    from dpnrepro.benchmarks.flops import vit_forward_flops
+    from dpnrepro.lit.cost import lit_flops_per_example, text_forward_flops
+
+    d, t, e = 768, 16, 768
+    per_layer_token = 6 * d * d + 4 * t * d + 2 * d * d + 16 * d * d  # qkv, attention, out proj, MLP (4x)
+    assert text_forward_flops(width=d, layers=12, context_length=t, embed_dim=e) == 12 * t * per_layer_token + 2 * d * e
+    f = lit_flops_per_example("B-32", width=d, layers=12, context_length=t, batch_size=16384)
+    assert f["image_forward"] == vit_forward_flops("B/32", img_size=224, num_classes=0, rep_size=768).total
+    assert f["text_train"] == 3 * text_forward_flops(width=d, layers=12, context_length=t, embed_dim=e)
+    assert 8e9 < f["image_forward"] < 9.5e9  # ViT-B/32 at 224 px: 4.4 GMACs
