@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from dpnrepro.data.loader import build_transform, eval_loader
+from dpnrepro.data.loader import eval_batches
 
 
 @torch.no_grad()
@@ -13,7 +13,7 @@ def evaluate_top1(model: torch.nn.Module, ds, input_cfg: dict, *, batch_size: in
                   desc: str = "eval", progress: bool = True) -> dict:
     """Top-1 accuracy (%) and example count of ``model`` on ``ds`` with the eval preprocessing."""
     model.eval().to(device)
-    loader = eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))
+    loader = eval_batches(ds, input_cfg, batch_size)
     correct = torch.zeros((), dtype=torch.long, device=device)
     total = 0
     use_bf16 = device.type == "cuda"

@@ -190,12 +190,11 @@ def extract_features(model: torch.nn.Module, ds, transform_cfg: dict, batch_size
     """
     from tqdm.auto import tqdm
 
-    from dpnrepro.data.loader import build_transform, eval_loader
+    from dpnrepro.data.loader import eval_batches
 
     device = torch.device(device)
     model.eval().to(device)
-    loader = eval_loader(ds, build_transform(transform_cfg, train=False), batch_size,
-                         transform_cfg.get("workers", 0))
+    loader = eval_batches(ds, transform_cfg, batch_size)
     feats, labels = [], []
     for images, y in tqdm(loader, desc=desc, unit="batch", disable=not progress, leave=False):
         f = model.forward_head(model.forward_features(images.to(device, non_blocking=True)), pre_logits=True)

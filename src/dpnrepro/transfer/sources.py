@@ -60,7 +60,9 @@ def vtab_splits(task: VtabTask, source, names=("train800", "val200", "train800va
     for name in names:
         parts = []
         for sl in slices[name]:
-            parts.append(source[sl.split].select(sl.indices(len(source[sl.split]))))
+            # keep_in_memory: a transform of a dataset read with load_from_disk otherwise writes cache
+            # files into the source directory, which is a DVC output (it would change under DVC's feet)
+            parts.append(source[sl.split].select(sl.indices(len(source[sl.split])), keep_in_memory=True))
         ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
         out[name] = with_vtab_labels(task, ds)
     return out
@@ -74,8 +76,9 @@ def with_vtab_labels(task: VtabTask, ds):
         raise DatasetError(f"{task.name}: the source has no `image` column (columns: {ds.column_names})")
     other = [c for c in ds.column_names if c != "image"]
     labels = [task.label_of(row) for row in ds.select_columns(other)]
-    ds = ds.select_columns(["image"]).add_column("label", labels)
-    return ds.cast_column("label", datasets.Value("int64"))
+    # in memory, not as cache files next to the source (see vtab_splits)
+    ds = ds.select_columns(["image"]).flatten_indices(keep_in_memory=True)
+    return ds.add_column("label", labels, feature=datasets.Value("int64"))
 
 
 class DecodedSplit:
