@@ -47,14 +47,17 @@ def tiny_params(**overrides) -> dict:
 
 
 def shrink_sweeps(params: dict, steps: int = 4, keep: tuple[str, ...] = ("table1",)) -> dict:
-    """Every sweep but ``keep``: Mu/7, seed 0, ``steps`` steps (the pipeline's shape, in seconds)."""
+    """Every training sweep (config.SWEEPS) but ``keep``: Mu/7, seed 0, ``steps`` steps (the pipeline's
+    shape, in seconds)."""
+    from dpnrepro.config import SWEEPS
+
     for sweep, body in params.items():
-        if sweep not in keep and isinstance(body, dict) and "recipe" in body:
+        if sweep in SWEEPS and sweep not in keep and isinstance(body, dict):
             body.update(archs=["Mu-7"], seeds=[0])
             body["recipe"].setdefault("train", {}).update(steps=steps, warmup_steps=1)
             body["runtime"] = {"ckpt_every": steps, "log_every": 2}
     params["benchmark"] = {"archs": ["Ti-16"], "stems": ["conv", "dpn"], "timm_reference": True,
-                           "batch_size": 2, "warmup_steps": 0, "steps": 1}
+                           "batch_size": 2, "img_size": 32, "warmup_steps": 1, "rounds": 6, "steps_per_round": 1}
     return params
 
 

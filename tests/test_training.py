@@ -94,6 +94,9 @@ def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project):
     for body in params.values():  # one run per sweep (fine-tunes need their table1 run)
         if isinstance(body, dict) and "stems" in body:
             body["stems"] = ["dpn"]
+    params["table1"]["stems"] = ["dpn", "conv"]  # Figures 2-4 compare base and DPN; dpn trains first
+    if params.get("lit"):
+        params["lit"]["towers"]["stems"] = ["dpn"]
     write_params(project, params)
     run(["rm", "-rf", RUN, CKPT], project)
     run([sys.executable, *TRAIN], project)
