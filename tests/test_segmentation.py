@@ -17,7 +17,7 @@ from dpnrepro.artifacts import ModelSpec, save_weights
 from dpnrepro.data.segmentation import (check_layout, compose_canvases, export_canvases, fraction_indices,
                                         parse_fraction)
 from dpnrepro.errors import CheckpointError, DatasetError
-from dpnrepro.models import STEMS, build_vit
+from dpnrepro.models import STEMS
 from dpnrepro.models.posemb import resample_posemb
 
 REPO = Path(__file__).resolve().parents[1]
