@@ -13,6 +13,7 @@ from pathlib import Path
 from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports.paper import load_paper_table
+from dpnrepro.reports.plotting import pyplot, save_png
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
 from dpnrepro.reports.tables import fmt_delta
 
@@ -50,23 +51,6 @@ def _compare(treated: dict, control: dict) -> dict:
 def _hardware(metrics: dict) -> str:
     return "; ".join(sorted({r["hardware"] for r in metrics["runs"].values()}))
 
-
-def _save_png(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, metadata={"Software": None})
-    plt.close(fig)
-    tmp.replace(path)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -155,7 +139,7 @@ def render_table6_markdown(metrics: dict, summary: dict) -> str:
 
 def render_table6_figure(metrics: dict, summary: dict, path: Path) -> None:
     """Gain over DPN per variant: the paper's printed values per arch (left), ours ± 95 % CI (right)."""
-    plt = _pyplot()
+    plt = pyplot()
     p_archs, p_vals = _paper_table6()
     names = list(TABLE6_STEMS.values())
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100, sharey=True)
@@ -185,7 +169,7 @@ def render_table6_figure(metrics: dict, summary: dict, path: Path) -> None:
         ax.axvline(0, color="black", lw=0.8)
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    _save_png(fig, path)
+    save_png(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -234,7 +218,7 @@ def render_figure1_markdown(metrics: dict, summary: dict) -> str:
         f"- Data: {metrics['data']['name']} (train {metrics['data']['train_examples']} images); top-1 (%) on `val` "
         f"({metrics['data']['val_examples']} images).",
         f"- Recipe: {metrics['recipe']}.",
-        f"- Gain = run − (conv stem, pre-pre), paired by training seed, ± its 95 % CI; p: two-sided paired "
+        "- Gain = run − (conv stem, pre-pre), paired by training seed, ± its 95 % CI; p: two-sided paired "
         "t-test; verdict: better / worse when the CI excludes 0, else not resolved (always with one seed).",
         f"- Hardware: {_hardware(metrics)}.",
         "",
@@ -261,7 +245,7 @@ def render_figure1_markdown(metrics: dict, summary: dict) -> str:
 def render_figure1_figure(metrics: dict, summary: dict, path: Path) -> None:
     """The paper's plot: per arch, one point per placement (gain over conv + pre-LN); DPN a black cross;
     the same placements with DPN as hollow red points beside them."""
-    plt = _pyplot()
+    plt = pyplot()
     archs = list(summary)
     fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(archs) + 4), 5), dpi=100)
     seen = set()
@@ -301,7 +285,7 @@ def render_figure1_figure(metrics: dict, summary: dict, path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    _save_png(fig, path)
+    save_png(fig, path)
 
 
 def _seeds(metrics: dict) -> list[int]:

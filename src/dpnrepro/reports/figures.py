@@ -21,6 +21,7 @@ from pathlib import Path
 from dpnrepro.artifacts import read_config
 from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.reports.plotting import pyplot, save_png
 from dpnrepro.reports.stats import mean_ci95
 
 BASE, DPN = "conv", "dpn"
@@ -115,24 +116,6 @@ def embedding_curve(runs: list[dict], arch: str) -> dict:
 # Rendering
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, metadata={"Software": None})
-    plt.close(fig)
-    tmp.replace(path)
-
-
 def _depth_axes(ax, profile: dict, title: str) -> None:
     layers = profile["layers"]
     width = 0.4
@@ -152,7 +135,7 @@ def _depth_axes(ax, profile: dict, title: str) -> None:
 
 
 def render_figure2(profile: dict, curve: dict, arch: str, label: str, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
     _depth_axes(axes[0], profile, f"(a) {arch}: gradient norm vs depth, mean of the last {profile['last_steps']} "
                                   f"steps\n{label}")
@@ -164,22 +147,22 @@ def render_figure2(profile: dict, curve: dict, arch: str, label: str, path: Path
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def render_figure4(profiles: dict[str, dict], label: str, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     n = len(profiles)
     fig, axes = plt.subplots(1, n, figsize=(max(6, 5.5 * n), 4.5), dpi=100, squeeze=False)
     for ax, (arch, profile) in zip(axes[0], profiles.items()):
         _depth_axes(ax, profile, f"{arch}: gradient norm vs depth, last {profile['last_steps']} steps\n{label}")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def render_figure3(scale, arch: str, label: str, path: Path) -> None:
     """One heat map per channel of the (p, p, C) scale image, with its own colour scale."""
-    plt = _pyplot()
+    plt = pyplot()
     p, _, channels = scale.shape
     names = ["R", "G", "B"] if channels == 3 else [f"channel {c}" for c in range(channels)]
     fig, axes = plt.subplots(1, channels, figsize=(max(6.4, 4.6 * channels + 0.6), 5.0), dpi=100, squeeze=False)
@@ -194,7 +177,7 @@ def render_figure3(scale, arch: str, label: str, path: Path) -> None:
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(f"Scale of DPN's first LayerNorm (on the patch pixels)\n{label}", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def _label(runs: list[dict], arch: str, seeds: list[int]) -> str:

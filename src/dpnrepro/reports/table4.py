@@ -142,10 +142,9 @@ def render_markdown(metrics: dict, summary: dict) -> str:
 
 def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
     """DPN − base: the paper's printed Δ (left) and ours ± 95 % CI on the headline set (right)."""
-    import matplotlib
+    from dpnrepro.reports.plotting import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=100)
     rows = _paper_rows()
@@ -172,8 +171,7 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
         ax.axvline(0, color="black", lw=0.8)
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:

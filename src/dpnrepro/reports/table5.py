@@ -88,10 +88,9 @@ def _images(metrics: dict, fraction: str) -> str:
 
 def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
     """mIoU against the training fraction: the paper (left), ours ± 95 % CI (right)."""
-    import matplotlib
+    from dpnrepro.reports.plotting import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paper = load_paper_table(5)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
@@ -116,8 +115,7 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def build_table5(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:

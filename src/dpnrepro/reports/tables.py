@@ -220,10 +220,9 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
 
 def render_figure(table: int, summaries: dict[str, dict], context: dict, path: str | Path) -> None:
     """DPN − base per block and arch: the paper's printed Δ (left) and ours with its 95 % CI (right)."""
-    import matplotlib
+    from dpnrepro.reports.plotting import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
     labels, values = [], []
@@ -254,5 +253,4 @@ def render_figure(table: int, summaries: dict[str, dict], context: dict, path: s
         ax.axvline(0, color="black", lw=0.8)
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, path)

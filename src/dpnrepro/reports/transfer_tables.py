@@ -16,6 +16,7 @@ from pathlib import Path
 from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports.paper import load_paper_table
+from dpnrepro.reports.plotting import pyplot, save_png
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
@@ -168,7 +169,7 @@ def _bold(d: dict | None) -> str:
 
 
 def figure_table3(summary: dict, metrics: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     paper = paper_table3()
     order = [d for g in GROUPS for d in paper["datasets"][g]]
     fig, axes = plt.subplots(1, 2, figsize=(12, 6), dpi=100)
@@ -197,7 +198,8 @@ def figure_table3(summary: dict, metrics: dict, path: Path) -> None:
         ax.invert_yaxis()
         ax.axvline(0, color="black", lw=0.8)
         ax.grid(axis="x", alpha=0.3)
-    _save(fig, plt, path)
+    fig.tight_layout()
+    save_png(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def render_table7(metrics: dict, summary: dict) -> str:
 
 
 def figure_table7(summary: dict, metrics: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     paper = paper_table7()
     fig, axes = plt.subplots(1, len(PAPER_ARCHS) + len(summary), figsize=(4 * (2 + len(summary)), 3.8), dpi=100)
     x = range(len(SETTINGS))
@@ -293,25 +295,11 @@ def figure_table7(summary: dict, metrics: dict, path: Path) -> None:
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    _save(fig, plt, path)
+    fig.tight_layout()
+    save_png(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, plt, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
 
 
 BUILD = {3: (summarize_vtab, render_table3, figure_table3), 7: (summarize_scratch, render_table7, figure_table7)}

@@ -106,14 +106,20 @@ def run_cell(params: StudyParams, cell: Cell, *, workers: int | None = None, pro
     with tempfile.TemporaryDirectory(prefix="dpnrepro-study-") as tmp:
         data_dir = prepare_study_dataset(params.datasets[cell.dataset], Path(tmp))
         jobs = cell_jobs(params, cell, data_dir)
-        n = workers or int(os.environ.get(WORKERS_ENV, 0)) or os.cpu_count() or 1
+        n = min(workers or int(os.environ.get(WORKERS_ENV, 0)) or os.cpu_count() or 1, len(jobs))
         results, t0 = [], time.perf_counter()
-        with ProcessPoolExecutor(max_workers=min(n, len(jobs)), mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(train_and_score, job) for job in jobs]
-            for fut in tqdm(as_completed(futures), total=len(futures), desc=f"study {cell.name}", unit="run",
-                            disable=not progress):
-                results.append(fut.result())
-    print(f"{cell.name}: {len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {min(n, len(jobs))} workers "
+        bar = tqdm(total=len(jobs), desc=f"study {cell.name}", unit="run", disable=not progress)
+        if n == 1:  # in this process: no worker start-up
+            for job in jobs:
+                results.append(train_and_score(job))
+                bar.update(1)
+        else:
+            with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) as pool:
+                for fut in as_completed([pool.submit(train_and_score, job) for job in jobs]):
+                    results.append(fut.result())
+                    bar.update(1)
+        bar.close()
+    print(f"{cell.name}: {len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {n} workers "
           f"(per run: {', '.join(format(r['seconds'], '.0f') for r in results)} s)")
     import torch
 
