@@ -102,7 +102,18 @@ def stages() -> dict:
     out.update(segmentation_stages())
     out.update(transfer_stages())
     out.update(lit_stages())
+    out["reports_index"] = reports_index_stage(out)
     return out
+
+
+def reports_index_stage(paper_stages: dict) -> dict:
+    """reports/README.md, the index of every report ``paper_stages`` write (:mod:`dpnrepro.reports.index`):
+    it reads their summaries and sweep metrics, the paper's numbers, the full profile and the committed GPU
+    throughput (a plain git-tracked file: no benchmark or study stage is pulled into `dvc repro`)."""
+    from dpnrepro.reports.index import INDEX, index_inputs
+
+    return _stage("stages/reports_index.py", deps=index_inputs(paper_stages),
+                  outs=[{INDEX.as_posix(): {"cache": False}}])
 
 
 def benchmark_stages() -> dict:
@@ -212,6 +223,8 @@ HEADER = """\
 # export_seg_canvases -> segment (fine-tunes runs/table1 with mmseg's Runner) -> table5
 # transfer_data -> vtab (fine-tunes runs/table1) -> table3;  transfer_data -> sun397_scratch -> table7
 # lit_captions + train-jft_* -> lit_train -> lit_evaluate -> table4   (LiT, Table 4)
+# every report's metrics + reports/paper + profiles/full.yaml + benchmarks/measured/gpu_throughput_summary.json
+#   -> reports_index -> reports/README.md (the index: stage, profile, hardware, seeds, paper vs ours, GPU-hours)
 # A train stage trains every (arch, stem, seed) of its sweep in one process; a run whose checkpoint
 # is complete is restored, not retrained, so adding a seed trains only the new run. Fine-tune sweeps
 # start from the run of their init_from sweep with the same arch/stem/seed. Resumable training state
