@@ -136,3 +136,19 @@ def test_with_lr_zero_nothing_is_learned(case, tmp_path):
     (_, start), (_, end) = curve
     assert end == start, (start, end)
     assert end["mIoU"] < THRESHOLD[case]
+
+
+def test_each_runner_in_a_process_logs_into_its_own_run(tmp_path):
+    """mmseg's runtime config names its visualizer 'visualizer', an mmengine per-name singleton: without a
+    name per run, the second Runner of a process (the segment sweep trains all its runs in one) logged its
+    config and scalars into the first run's directory."""
+    from dpnrepro.segmentation.experiment import train_and_evaluate
+
+    _need("voc")
+    for run in ("a", "b"):
+        cfg = _cfg("voc", tmp_path / run, **{"train_cfg.max_iters": 1, "param_scheduler.0.end": 1})
+        train_and_evaluate(cfg)
+    for run in ("a", "b"):
+        (own,) = (tmp_path / run / "work").glob("*/vis_data/config.py")
+        scalars = sorted((tmp_path / run / "work").glob("*/vis_data/*.json"))
+        assert own.exists() and len(scalars) == 2, scalars  # <timestamp>.json and scalars.json: one run's

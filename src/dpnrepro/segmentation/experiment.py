@@ -106,7 +106,12 @@ def train_and_evaluate(cfg, *, log_level: str = "WARNING") -> dict:
     (work / FINGERPRINT_FILE).write_text(fp)
     cfg.resume = (work / "last_checkpoint").exists()
     cfg.log_level = log_level
-    cfg.experiment_name = f"{work.name}_{next(_experiments)}"  # mmengine singletons are per experiment name
+    # mmengine singletons are per name; the visualizer's name is fixed in mmseg's default_runtime
+    # ('visualizer'), so without its own name every later Runner in this process (the sweep's runs) would
+    # log its config and scalars into the first run's directory. Set after the fingerprint: not recipe.
+    cfg.experiment_name = f"{work.name}_{next(_experiments)}"
+    if cfg.get("visualizer") is not None:
+        cfg.visualizer.name = cfg.experiment_name
     runner = Runner.from_cfg(cfg)
     with safe_mmengine_load():
         runner.train()
