@@ -21,13 +21,12 @@ CELLS_DIR = "study"
 
 
 def load_cells(metrics_dir: Path) -> list[dict]:
-    """Every cell's metrics, ordered by dataset (as listed), patch size (larger first), steps."""
+    """Every cell's metrics, ordered by dataset (alphabetical), patch size (larger first), steps."""
     paths = sorted((metrics_dir / CELLS_DIR).glob("*.json"))
     if not paths:
         raise UserError(f"no study metrics in {metrics_dir / CELLS_DIR}; run `dvc repro study/dvc.yaml` first")
     cells = [json.loads(p.read_text()) for p in paths]
-    datasets = list(dict.fromkeys(c["dataset"] for c in sorted(cells, key=lambda c: c["cell"], reverse=True)))
-    return sorted(cells, key=lambda c: (datasets.index(c["dataset"]), -_patch(c["arch"]), c["steps"], c["kind"]))
+    return sorted(cells, key=lambda c: (c["dataset"], -_patch(c["arch"]), c["steps"], c["kind"]))
 
 
 def _patch(arch: str) -> int:
@@ -101,10 +100,20 @@ def verdict_sentence(comparison: list[dict], plateau: list[dict]) -> str:
             longest[key] = r
     at_long = "; ".join(f"{_label(r)}: {_interval(r['delta'])} ({r['delta']['verdict']})" for r in longest.values())
     n_seeds = sorted({r["delta"]["n"] for r in comparison})
-    return (f"Over {len(comparison)} dataset x patch-size x schedule cells ({'/'.join(map(str, n_seeds))} seeds "
-            f"each, paired t-test), DPN minus the conv stem in top-1 is better in {counts['better']}, worse in "
-            f"{counts['worse']} and not resolved in {counts['not resolved']}; at the longest schedule the "
-            f"differences (points, 95 % CI) are {at_long}.")
+    sentence = (f"Over {len(comparison)} dataset x patch-size x schedule cells ({'/'.join(map(str, n_seeds))} seeds "
+                f"each, paired t-test), DPN minus the conv stem in top-1 is better in {counts['better']}, worse in "
+                f"{counts['worse']} and not resolved in {counts['not resolved']}; at the longest schedule the "
+                f"differences (points, 95 % CI) are {at_long}")
+    checked = [r for r in plateau if "gain" in r]
+    if checked:
+        gains = [g for r in checked for g in r["gain"].values()]
+        rising = sum(g["verdict"] == "better" for g in gains)
+        state = (f"that schedule is not yet at its plateau ({rising} of {len(gains)} stem x dataset gains from "
+                 f"doubling it are resolved, {min(g['mean'] for g in gains):+.2f} to {max(g['mean'] for g in gains):+.2f} "
+                 "points)" if rising else "doubling that schedule gains nothing resolved (it is at its plateau)")
+        at_sat = "; ".join(f"{_label(r)}: {_interval(r['delta'])} ({r['delta']['verdict']})" for r in checked)
+        sentence += f"; {state}, and at twice its length DPN minus conv is {at_sat}"
+    return sentence + "."
 
 
 def render_markdown(cells: list[dict], summary: dict) -> str:
