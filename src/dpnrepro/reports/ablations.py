@@ -11,9 +11,8 @@ import json
 from pathlib import Path
 
 from dpnrepro.errors import UserError
-from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.plotting import pyplot, save_png
+from dpnrepro.reports.plotting import pyplot, save_png, write_report
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
 from dpnrepro.reports.tables import fmt_delta
 
@@ -307,9 +306,5 @@ def build_report(report: str, metrics_dir: str | Path = "metrics", reports_dir: 
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
     metrics = _read_metrics(metrics_dir, sweep, f"evaluate-{report}")
     summary = summarize(metrics)
-    reports_dir.mkdir(exist_ok=True)
-    md, png, js = reports_dir / f"{report}.md", reports_dir / f"{report}.png", metrics_dir / f"{report}_summary.json"
-    write_text_atomic(md, render_md(metrics, summary))
-    render_png(metrics, summary, png)
-    write_json_atomic(js, summary)
-    return [md, png, js]
+    return write_report(report, render_md(metrics, summary), lambda png: render_png(metrics, summary, png), summary,
+                        metrics_dir=metrics_dir, reports_dir=reports_dir)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dpnrepro.config import SWEEPS
 from dpnrepro.errors import UserError
-from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.reports.plotting import write_report
 from dpnrepro.reports.tables import render_figure, render_markdown, summarize_sweep, table_sweeps
 
 
@@ -32,11 +32,6 @@ def build_table(table: int, metrics_dir: str | Path = "metrics", reports_dir: st
                     for s, m in metrics.items()},
     }
     summaries = {s: summarize_sweep(m) for s, m in metrics.items()}
-    reports_dir.mkdir(exist_ok=True)
-    md, png, summary = reports_dir / f"table{table}.md", reports_dir / f"table{table}.png", metrics_dir / f"table{table}_summary.json"
-    write_text_atomic(md, render_markdown(table, metrics, summaries, context))
-    tmp_png = reports_dir / f".table{table}.png.tmp.png"
-    render_figure(table, summaries, context, tmp_png)
-    tmp_png.replace(png)
-    write_json_atomic(summary, summaries)
-    return [md, png, summary]
+    return write_report(f"table{table}", render_markdown(table, metrics, summaries, context),
+                        lambda png: render_figure(table, summaries, context, png), summaries,
+                        metrics_dir=metrics_dir, reports_dir=reports_dir)

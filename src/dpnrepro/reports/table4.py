@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from dpnrepro.errors import UserError
-from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.reports.plotting import write_report
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
@@ -181,11 +181,5 @@ def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = 
         raise UserError(f"{src} is missing; run `dvc repro lit_evaluate` first")
     metrics = json.loads(src.read_text())
     summary = summarize(metrics)
-    reports_dir.mkdir(exist_ok=True)
-    md, png, out = reports_dir / "table4.md", reports_dir / "table4.png", metrics_dir / "table4_summary.json"
-    write_text_atomic(md, render_markdown(metrics, summary))
-    tmp = reports_dir / ".table4.png.tmp.png"
-    render_figure(metrics, summary, tmp)
-    tmp.replace(png)
-    write_json_atomic(out, summary)
-    return [md, png, out]
+    return write_report("table4", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
+                        summary, metrics_dir=metrics_dir, reports_dir=reports_dir)

@@ -12,7 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from dpnrepro.errors import UserError
-from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.reports.plotting import write_report
 from dpnrepro.reports.paper import as_float, load_paper_table
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
@@ -125,11 +125,5 @@ def build_table5(metrics_dir: str | Path = "metrics", reports_dir: str | Path = 
         raise UserError(f"{path} is missing; run `dvc repro segment` first")
     metrics = json.loads(path.read_text())
     summary = summarize(metrics)
-    reports_dir.mkdir(exist_ok=True)
-    md, png, out = reports_dir / "table5.md", reports_dir / "table5.png", metrics_dir / "table5_summary.json"
-    write_text_atomic(md, render_markdown(metrics, summary))
-    tmp_png = reports_dir / ".table5.png.tmp.png"
-    render_figure(metrics, summary, tmp_png)
-    tmp_png.replace(png)
-    write_json_atomic(out, summary)
-    return [md, png, out]
+    return write_report("table5", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
+                        summary, metrics_dir=metrics_dir, reports_dir=reports_dir)

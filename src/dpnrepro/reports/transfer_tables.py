@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 from dpnrepro.errors import UserError
-from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.plotting import pyplot, save_png
+from dpnrepro.reports.plotting import pyplot, save_png, write_report
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
@@ -310,12 +309,5 @@ def build_transfer_table(table: int, metrics_dir: str | Path = "metrics", report
     metrics = _load(metrics_dir / f"{METRICS[table]}.json", table)
     summarize, render, figure = BUILD[table]
     summary = summarize(metrics)
-    reports_dir.mkdir(exist_ok=True)
-    md, png = reports_dir / f"table{table}.md", reports_dir / f"table{table}.png"
-    out = metrics_dir / f"table{table}_summary.json"
-    write_text_atomic(md, render(metrics, summary))
-    tmp = reports_dir / f".table{table}.png.tmp.png"
-    figure(summary, metrics, tmp)
-    tmp.replace(png)
-    write_json_atomic(out, summary)
-    return [md, png, out]
+    return write_report(f"table{table}", render(metrics, summary), lambda png: figure(summary, metrics, png), summary,
+                        metrics_dir=metrics_dir, reports_dir=reports_dir)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from dpnrepro.errors import UserError
-from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.reports.plotting import write_report
 from dpnrepro.reports.ablations import TABLE6_STEMS
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
 
@@ -217,9 +217,5 @@ def build_study_report(metrics_dir: str | Path = "metrics", reports_dir: str | P
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
     cells = load_cells(metrics_dir)
     summary = summarize(cells)
-    reports_dir.mkdir(exist_ok=True)
-    md, png, out = reports_dir / "study.md", reports_dir / "study.png", metrics_dir / "study_summary.json"
-    write_text_atomic(md, render_markdown(cells, summary))
-    render_figure(summary, png)
-    write_json_atomic(out, summary)
-    return [md, png, out]
+    return write_report("study", render_markdown(cells, summary), lambda png: render_figure(summary, png), summary,
+                        metrics_dir=metrics_dir, reports_dir=reports_dir)
