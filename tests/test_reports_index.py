@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dpnrepro.benchmarks.flops import train_flops_per_image
+from dpnrepro import pipeline
 from dpnrepro.codedeps import code_deps
 from dpnrepro.reports import index
 from helpers import REPO
@@ -61,7 +62,9 @@ def test_reports_outside_dvc_repro_are_listed_without_being_dependencies(page):
     other_outputs = _outputs(other, ("outs", "metrics"))
     deps = _stages("dvc.yaml")["reports_index"]["deps"]
     assert not other_outputs & set(deps), other_outputs & set(deps)
-    assert deps == [*code_deps("stages/reports_index.py"), *index.index_inputs(_stages("dvc.yaml"))]
+    inputs = index.index_inputs(_stages("dvc.yaml"))
+    assert deps == ["fingerprints/reports_index.json", *inputs]  # its code through its fingerprint
+    assert pipeline.exact_stages()["reports_index"]["deps"] == [*code_deps("stages/reports_index.py"), *inputs]
     assert index.THROUGHPUT.as_posix() in deps and (REPO / index.THROUGHPUT).exists()
 
 
