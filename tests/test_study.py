@@ -113,6 +113,7 @@ def test_committed_report_regenerates_from_committed_metrics(tmp_path):
     from dpnrepro.study.report import build_study_report
 
     shutil.copytree(REPO / "metrics" / "study", tmp_path / "metrics" / "study")
+    shutil.copy(REPO / "metrics" / "study_probe.json", tmp_path / "metrics" / "study_probe.json")
     outs = build_study_report(tmp_path / "metrics", tmp_path / "reports")
     for path in outs:
         committed = REPO / path.relative_to(tmp_path)
