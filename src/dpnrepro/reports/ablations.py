@@ -7,12 +7,10 @@ Every gain is a difference paired by training seed, tested with :func:`dpnrepro.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from dpnrepro.errors import UserError
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.plotting import pyplot, save_png, write_report
+from dpnrepro.reports.plotting import pyplot, read_metrics, save_png, write_report
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
 from dpnrepro.reports.tables import fmt_delta
 
@@ -24,13 +22,6 @@ TABLE6_REFERENCE = "dpn"
 FIGURE1_REFERENCE = ("conv", "pre-pre")
 _SPECIAL = {"normformer": ("NormFormer", "s", "#2ca02c"), "subln": ("Sub LayerNorm", "D", "#9467bd"),
             "dtn": ("DTN (pre, seed 002)", "^", "#ff7f0e")}
-
-
-def _read_metrics(metrics_dir: Path, sweep: str, stage: str) -> dict:
-    path = metrics_dir / f"{sweep}.json"
-    if not path.exists():
-        raise UserError(f"{path} is missing; run `dvc repro {stage}` first")
-    return json.loads(path.read_text())
 
 
 def _by_seed(metrics: dict, key) -> dict:
@@ -304,7 +295,7 @@ def build_report(report: str, metrics_dir: str | Path = "metrics", reports_dir: 
     """reports/<report>.{md,png} + metrics/<report>_summary.json from metrics/<sweep>.json."""
     sweep, summarize, render_md, render_png = BUILDERS[report]
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
-    metrics = _read_metrics(metrics_dir, sweep, f"evaluate-{report}")
+    metrics = read_metrics(metrics_dir / f"{sweep}.json", f"evaluate-{report}")
     summary = summarize(metrics)
     return write_report(report, render_md(metrics, summary), lambda png: render_png(metrics, summary, png), summary,
                         metrics_dir=metrics_dir, reports_dir=reports_dir)

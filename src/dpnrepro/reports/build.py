@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dpnrepro.config import SWEEPS
-from dpnrepro.errors import UserError
-from dpnrepro.reports.plotting import write_report
+from dpnrepro.reports.plotting import read_metrics, write_report
 from dpnrepro.reports.tables import render_figure, render_markdown, summarize_sweep, table_sweeps
 
 
@@ -17,10 +15,7 @@ def build_table(table: int, metrics_dir: str | Path = "metrics", reports_dir: st
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
     metrics = {}
     for sweep in table_sweeps(table):
-        path = metrics_dir / f"{sweep}.json"
-        if not path.exists():
-            raise UserError(f"{path} is missing; run `dvc repro evaluate-table{table}` first")
-        metrics[sweep] = json.loads(path.read_text())
+        metrics[sweep] = read_metrics(metrics_dir / f"{sweep}.json", f"evaluate-table{table}")
     first = next(iter(metrics.values()))
     hardware = sorted({r["hardware"] for m in metrics.values() for r in m["runs"].values()})
     context = {

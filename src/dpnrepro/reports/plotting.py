@@ -27,6 +27,25 @@ def save_png(fig, path: Path) -> None:
     tmp.replace(path)
 
 
+def read_metrics(path: Path, stage: str) -> dict:
+    """The metrics JSON a report is built from; a one-line error naming the stage that writes it if missing."""
+    import json
+
+    from dpnrepro.errors import UserError
+
+    if not path.exists():
+        raise UserError(f"{path} is missing; run `dvc repro {stage}` first")
+    return json.loads(path.read_text())
+
+
+def finish_delta_axes(axes) -> None:
+    """Bar charts of differences: first bar on top, a line at 0, a light x grid."""
+    for ax in axes:
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", lw=0.8)
+        ax.grid(axis="x", alpha=0.3)
+
+
 def write_report(name: str, markdown: str, draw: Callable[[Path], None], summary, *, metrics_dir: Path,
                  reports_dir: Path) -> list[Path]:
     """Write ``reports/<name>.md``, ``reports/<name>.png`` (``draw(path)``, which saves through :func:`save_png`)

@@ -8,11 +8,9 @@ towers of a pair get the same text-tower init and batch order).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from dpnrepro.errors import UserError
-from dpnrepro.reports.plotting import write_report
+from dpnrepro.reports.plotting import finish_delta_axes, read_metrics, write_report
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
@@ -166,20 +164,14 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
                  color=["#d62728" if v >= 0 else "#444444" for v in ours_vals])
     axes[1].set_yticks(range(len(ours_labels)), ours_labels, fontsize=8)
     axes[1].set_title(f"Ours ({metrics['profile']}, {head}): dpn − conv, 95 % CI", fontsize=10)
-    for ax in axes:
-        ax.invert_yaxis()
-        ax.axvline(0, color="black", lw=0.8)
-        ax.grid(axis="x", alpha=0.3)
+    finish_delta_axes(axes)
     fig.tight_layout()
     save_png(fig, path)
 
 
 def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
-    src = metrics_dir / "lit.json"
-    if not src.exists():
-        raise UserError(f"{src} is missing; run `dvc repro lit_evaluate` first")
-    metrics = json.loads(src.read_text())
+    metrics = read_metrics(metrics_dir / "lit.json", "lit_evaluate")
     summary = summarize(metrics)
     return write_report("table4", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
                         summary, metrics_dir=metrics_dir, reports_dir=reports_dir)

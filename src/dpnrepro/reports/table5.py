@@ -11,8 +11,7 @@ import json
 from fractions import Fraction
 from pathlib import Path
 
-from dpnrepro.errors import UserError
-from dpnrepro.reports.plotting import write_report
+from dpnrepro.reports.plotting import read_metrics, write_report
 from dpnrepro.reports.paper import as_float, load_paper_table
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
@@ -120,10 +119,7 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
 
 def build_table5(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
-    path = metrics_dir / "seg.json"
-    if not path.exists():
-        raise UserError(f"{path} is missing; run `dvc repro segment` first")
-    metrics = json.loads(path.read_text())
+    metrics = read_metrics(metrics_dir / "seg.json", "segment")
     summary = summarize(metrics)
     return write_report("table5", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
                         summary, metrics_dir=metrics_dir, reports_dir=reports_dir)

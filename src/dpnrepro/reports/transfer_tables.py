@@ -10,24 +10,16 @@ then take mean ± CI over seeds. Table 7 trains one model per row (as the paper)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from dpnrepro.errors import UserError
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.plotting import pyplot, save_png, write_report
+from dpnrepro.reports.plotting import finish_delta_axes, pyplot, read_metrics, save_png, write_report
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
 GROUPS = ("natural", "specialized", "structured")
 PAPER_ARCHS = ("B/32", "B/16")
 METRICS = {3: "vtab", 7: "sun397_scratch"}
-
-
-def _load(path: Path, table: int) -> dict:
-    if not path.exists():
-        raise UserError(f"{path} is missing; run `dvc repro {METRICS[table]}` first")
-    return json.loads(path.read_text())
 
 
 def _stems(stems) -> list[str]:
@@ -193,10 +185,7 @@ def figure_table3(summary: dict, metrics: dict, path: Path) -> None:
     axes[1].barh(range(len(labels)), vals, xerr=errs, capsize=3, color=colors)
     axes[1].set_yticks(range(len(labels)), labels, fontsize=6)
     axes[1].set_title(f"Ours ({metrics['profile']}): stem − {BASE_STEM} ± 95 % CI\n(red: CI excludes 0)", fontsize=9)
-    for ax in axes:
-        ax.invert_yaxis()
-        ax.axvline(0, color="black", lw=0.8)
-        ax.grid(axis="x", alpha=0.3)
+    finish_delta_axes(axes)
     fig.tight_layout()
     save_png(fig, path)
 
@@ -306,7 +295,7 @@ BUILD = {3: (summarize_vtab, render_table3, figure_table3), 7: (summarize_scratc
 
 def build_transfer_table(table: int, metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
     metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
-    metrics = _load(metrics_dir / f"{METRICS[table]}.json", table)
+    metrics = read_metrics(metrics_dir / f"{METRICS[table]}.json", METRICS[table])
     summarize, render, figure = BUILD[table]
     summary = summarize(metrics)
     return write_report(f"table{table}", render(metrics, summary), lambda png: figure(summary, metrics, png), summary,
