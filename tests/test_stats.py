@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dpnrepro.reports.stats import fmt_p, mean_ci95, paired_delta_ci95, paired_test, verdict
+from dpnrepro.reports.stats import fmt_p, mean_ci95, paired_by_seed, paired_delta_ci95, paired_test, verdict
 
 DPN = [74.1, 73.8, 74.3, 73.9, 74.0]
 BASE = [72.2, 72.0, 72.1, 72.3, 71.9]
@@ -39,6 +39,16 @@ def test_pairing_matters():
     dpn = [70.5 + o + e for o, e in zip(offsets, [0.01, -0.02, 0.02, -0.01])]
     assert paired_test(dpn, base)["verdict"] == "better"
     assert sps.ttest_ind(dpn, base).pvalue > 0.5  # an unpaired test would not see it
+
+
+def test_paired_by_seed_pairs_the_shared_seeds_only():
+    treated = {s: v for s, v in enumerate(DPN)}
+    control = {s: v for s, v in enumerate(BASE) if s != 2} | {7: 0.0}  # seed 2 missing, seed 7 unmatched
+    res = paired_by_seed(treated, control)
+    keep = [0, 1, 3, 4]
+    assert res["seeds"] == keep and res["n"] == 4
+    assert res["per_seed"] == [DPN[s] - BASE[s] for s in keep]
+    assert res["p"] == paired_test([DPN[s] for s in keep], [BASE[s] for s in keep])["p"]
 
 
 def test_verdicts_and_unresolved_cases():

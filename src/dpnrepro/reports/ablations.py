@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import pyplot, read_metrics, save_png, write_report
-from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
+from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
 from dpnrepro.reports.tables import fmt_delta
 
 # Table 6: our stem names -> the paper's row names, in the paper's order
@@ -30,12 +30,6 @@ def _by_seed(metrics: dict, key) -> dict:
     for run in metrics["runs"].values():
         out.setdefault(key(run), {})[run["seed"]] = run["val_top1"]
     return out
-
-
-def _compare(treated: dict, control: dict) -> dict:
-    seeds = sorted(set(treated) & set(control))
-    return {**paired_test([treated[s] for s in seeds], [control[s] for s in seeds]), "seeds": seeds,
-            "per_seed": [treated[s] - control[s] for s in seeds]}
 
 
 def _hardware(metrics: dict) -> str:
@@ -60,7 +54,7 @@ def summarize_table6(metrics: dict) -> dict:
             mean, ci = mean_ci95([vals[s] for s in sorted(vals)])
             entry[stem] = {"mean": mean, "ci95": ci, "n": len(vals)}
             if stem != TABLE6_REFERENCE and (arch, TABLE6_REFERENCE) in acc:
-                entry[f"gain_{stem}"] = _compare(vals, acc[(arch, TABLE6_REFERENCE)])
+                entry[f"gain_{stem}"] = paired_by_seed(vals, acc[(arch, TABLE6_REFERENCE)])
         out[arch] = entry
     return out
 
@@ -179,7 +173,7 @@ def summarize_figure1(metrics: dict) -> dict:
             mean, ci = mean_ci95([vals[s] for s in sorted(vals)])
             item = {"stem": stem, "variant": variant, "mean": mean, "ci95": ci, "n": len(vals)}
             if ref is not None and (stem, variant) != FIGURE1_REFERENCE:
-                item["gain"] = _compare(vals, ref)
+                item["gain"] = paired_by_seed(vals, ref)
             entry[f"{stem}/{variant}"] = item
         out[arch] = entry
     return out

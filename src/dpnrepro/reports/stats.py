@@ -91,6 +91,14 @@ def paired_test(treated: Sequence[float], control: Sequence[float], *,
     return out
 
 
+def paired_by_seed(treated: dict[int, float], control: dict[int, float]) -> dict:
+    """:func:`paired_test` of ``{seed: value}`` maps on the seeds they share, with those seeds and the
+    per-seed differences."""
+    seeds = sorted(set(treated) & set(control))
+    return {**paired_test([treated[s] for s in seeds], [control[s] for s in seeds]), "seeds": seeds,
+            "per_seed": [treated[s] - control[s] for s in seeds]}
+
+
 def verdict(low: float | None, high: float | None) -> str:
     """``better`` if the CI of treated − control lies above 0, ``worse`` below 0, else ``not resolved``."""
     if low is None or high is None:

@@ -16,7 +16,7 @@ from dpnrepro.reports.plotting import write_report
 
 PROBE_METRICS = "study_probe.json"  # metrics/study_probe.json (stage study_probe); optional for a partial study
 from dpnrepro.reports.ablations import TABLE6_STEMS
-from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
+from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
 
 TREATED, CONTROL = "dpn", "conv"
 CELLS_DIR = "study"
@@ -40,11 +40,6 @@ def _accs(cell: dict, stem: str) -> dict[int, float]:
     return {r["seed"]: r["val_top1"] for r in cell["runs"].values() if r["stem"] == stem}
 
 
-def _paired(treated: dict[int, float], control: dict[int, float]) -> dict:
-    seeds = sorted(set(treated) & set(control))
-    return {**paired_test([treated[s] for s in seeds], [control[s] for s in seeds]), "seeds": seeds}
-
-
 def _stem_stats(accs: dict[int, float]) -> dict:
     mean, ci = mean_ci95([accs[s] for s in sorted(accs)])
     return {"mean": mean, "ci95": ci, "n": len(accs)}
@@ -59,7 +54,7 @@ def summarize(cells: list[dict]) -> dict:
         if c["kind"] in ("comparison", "saturation"):
             row = {"cell": c["cell"], "dataset": c["dataset"], "arch": c["arch"], "steps": c["steps"],
                    "schedule": c["schedule"], TREATED: _stem_stats(_accs(c, TREATED)),
-                   CONTROL: _stem_stats(_accs(c, CONTROL)), "delta": _paired(_accs(c, TREATED), _accs(c, CONTROL))}
+                   CONTROL: _stem_stats(_accs(c, CONTROL)), "delta": paired_by_seed(_accs(c, TREATED), _accs(c, CONTROL))}
             (comparison if c["kind"] == "comparison" else plateau).append(row)
     for row in plateau:  # the longest comparison schedule of the same dataset and arch
         longs = [k for k in by_key if k[:2] == (row["dataset"], row["arch"]) and k[3] == "comparison"]
@@ -68,7 +63,7 @@ def summarize(cells: list[dict]) -> dict:
         long_cell = by_key[max(longs, key=lambda k: k[2])]
         sat_cell = by_key[(row["dataset"], row["arch"], row["steps"], "saturation")]
         row["vs_steps"] = long_cell["steps"]
-        row["gain"] = {stem: _paired(_accs(sat_cell, stem), _accs(long_cell, stem)) for stem in (CONTROL, TREATED)}
+        row["gain"] = {stem: paired_by_seed(_accs(sat_cell, stem), _accs(long_cell, stem)) for stem in (CONTROL, TREATED)}
     for c in cells:
         if c["kind"] != "ablations":
             continue
@@ -77,7 +72,7 @@ def summarize(cells: list[dict]) -> dict:
             raise UserError(f"ablation cell {c['cell']} has no comparison cell with its DPN runs")
         dpn = {s: v for s, v in _accs(ref, TREATED).items() if s in c["seeds"]}
         rows = [{"stem": TREATED, **_stem_stats(dpn)}]
-        rows += [{"stem": stem, **_stem_stats(_accs(c, stem)), "vs_dpn": _paired(_accs(c, stem), dpn)}
+        rows += [{"stem": stem, **_stem_stats(_accs(c, stem)), "vs_dpn": paired_by_seed(_accs(c, stem), dpn)}
                  for stem in c["stems"]]
         ablations.append({"cell": c["cell"], "dataset": c["dataset"], "arch": c["arch"], "steps": c["steps"],
                           "rows": rows})
