@@ -9,7 +9,6 @@ config, result) and ``metrics/seg.json``. One run: ``--stem dpn --fraction 1/16 
 
 import argparse
 import itertools
-from pathlib import Path
 
 from dpnrepro.cli import stage
 from dpnrepro.config import load_params

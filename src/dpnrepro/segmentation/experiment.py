@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import shutil
 from pathlib import Path
 
-from dpnrepro.data.segmentation import SPLITS, check_layout, fraction_indices, parse_fraction
+from dpnrepro.data.segmentation import check_layout, fraction_indices, parse_fraction
 
 RESULT_FILE = "result.json"
 FINGERPRINT_FILE = "fingerprint.txt"
@@ -93,7 +92,6 @@ def train_and_evaluate(cfg, *, log_level: str = "WARNING") -> dict:
 
     Returns ``{"mIoU", "mAcc", "aAcc"}`` (percent, IoUMetric), the trained segmentor's state dict under
     ``"state_dict"`` and ``"train_images"``. A completed run's result is read back, not recomputed."""
-    import torch
     from mmengine.runner import Runner
 
     from dpnrepro.segmentation.resume import safe_mmengine_load
