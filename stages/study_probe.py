@@ -6,9 +6,9 @@ from pathlib import Path
 from dpnrepro.cli import stage
 from dpnrepro.io import write_json_atomic
 from dpnrepro.study.config import load_study_params
-from dpnrepro.study.probe import run_probes
+from dpnrepro.study.probe import METRICS_NAME, run_probes
 
-OUT = Path("metrics/study_probe.json")
+OUT = Path("metrics") / METRICS_NAME
 
 
 @stage

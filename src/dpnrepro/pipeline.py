@@ -194,13 +194,20 @@ def fingerprints(root=".") -> dict[str, str]:
 
     root = Path(root).resolve()
     doc = YAML(typ="safe").load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+    md5: dict[str, str] = {}  # each file hashed once, though most stages share most of their code
+
+    def file_md5(rel: str) -> str:
+        if rel not in md5:
+            md5[rel] = hashlib.md5((root / rel).read_bytes()).hexdigest()
+        return md5[rel]
+
     texts = {}
     for name, body in exact_stages().items():
         code = {}
         for dep in body["deps"]:
             if _is_code(dep):
                 for rel in _code_files(dep, root):
-                    code[rel] = hashlib.md5((root / rel).read_bytes()).hexdigest()
+                    code[rel] = file_md5(rel)
         values = {}
         for key in body.get("params", []):
             try:
@@ -214,7 +221,9 @@ def fingerprints(root=".") -> dict[str, str]:
 
 def write_fingerprints(root=".") -> None:
     """Write ``fingerprints/<stage>.json`` under ``root`` (the current directory, where DVC runs the
-    ``fingerprints`` stage) for every stage, removing those of stages that no longer exist."""
+    ``fingerprints`` stage) for every stage, each atomically, removing those of stages that no longer exist."""
+    from dpnrepro.io import write_text_atomic
+
     root = Path(root).resolve()
     texts = fingerprints(root)
     folder = root / FINGERPRINT_DIR
@@ -222,7 +231,7 @@ def write_fingerprints(root=".") -> None:
     for stale in set(folder.glob("*.json")) - {root / rel for rel in texts}:
         stale.unlink()
     for rel, text in texts.items():
-        (root / rel).write_text(text)
+        write_text_atomic(root / rel, text)
     print(f"wrote {len(texts)} fingerprints to {FINGERPRINT_DIR}/")
 
 

@@ -24,9 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from dpnrepro.config import arch_name
+from dpnrepro.models.vision_transformer_dpn import _LN_EPS as LN_EPS  # the DPN stem's LayerNorm eps
+from dpnrepro.models.vision_transformer_dpn import parse_arch
 from dpnrepro.study.config import StudyParams
 
-LN_EPS = 1e-6  # the DPN stem's LayerNorm epsilon (timm / flax default; models.vision_transformer_dpn._LN_EPS)
+METRICS_NAME = "study_probe.json"  # under metrics/ (stage study_probe); the report reads it when present
 GREY_LEVEL = 2.0 / 255.0  # one grey level on the model's input scale, value_range(-1, 1)
 PROBE_FEATURES = {
     "pixels": "raw pixels (the conv stem's input)",
@@ -107,7 +110,7 @@ def run_probes(params: StudyParams) -> dict:
     """Census and probes for every study dataset at every patch size of the comparison."""
     from dpnrepro.study.run import prepare_study_dataset
 
-    patches = sorted({int(arch.split("-")[1]) for arch in params.comparison.archs}, reverse=True)
+    patches = sorted({parse_arch(arch_name(arch))[1] for arch in params.comparison.archs}, reverse=True)
     out = {"profile": "study", "ln_eps": LN_EPS, "grey_level": GREY_LEVEL, "features": PROBE_FEATURES,
            "datasets": {}}
     for name, dataset in params.datasets.items():

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpnrepro.config import arch_name
 from dpnrepro.errors import UserError
-from dpnrepro.reports.plotting import write_report
-
-PROBE_METRICS = "study_probe.json"  # metrics/study_probe.json (stage study_probe); optional for a partial study
+from dpnrepro.models.vision_transformer_dpn import parse_arch
 from dpnrepro.reports.ablations import TABLE6_STEMS
+from dpnrepro.reports.plotting import write_report
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
+from dpnrepro.study.probe import METRICS_NAME as PROBE_METRICS
 
 TREATED, CONTROL = "dpn", "conv"
 CELLS_DIR = "study"
@@ -32,7 +33,7 @@ def load_cells(metrics_dir: Path) -> list[dict]:
 
 
 def _patch(arch: str) -> int:
-    return int(arch.split("-")[1])
+    return parse_arch(arch_name(arch))[1]
 
 
 def _accs(cell: dict, stem: str) -> dict[int, float]:
