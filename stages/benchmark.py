@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--steps-per-round", type=int, help="timed steps per model per round")
     ap.add_argument("--seed", type=int, help="weights, synthetic batch and per-round model order")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the models")
+    ap.add_argument("--cudagraphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="with --compile on CUDA: replay forward + backward as CUDA graphs")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--num-classes", type=int)
     ap.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: datasheet dense bf16 table)")
@@ -55,7 +57,7 @@ def main() -> None:
         "archs": args.archs, "stems": args.stems, "timm_reference": args.timm_reference,
         "batch_size": args.batch_size, "img_size": args.img_size, "warmup_steps": args.warmup_steps,
         "rounds": args.rounds, "steps_per_round": args.steps_per_round, "seed": args.seed,
-        "compile": args.compile, "device": args.device}.items() if v is not None}
+        "compile": args.compile, "cudagraphs": args.cudagraphs, "device": args.device}.items() if v is not None}
     custom = bool(overrides) or args.params != "params.yaml" or any(
         v is not None for v in (args.num_classes, args.peak_tflops))
     defaults = CLI_OUTS if custom else STAGE_OUTS
@@ -74,7 +76,7 @@ def main() -> None:
     result = run_benchmark(
         bench.archs, bench.stems, timm_reference=bench.timm_reference, batch_size=bench.batch_size,
         warmup_steps=bench.warmup_steps, rounds=bench.rounds, steps_per_round=bench.steps_per_round,
-        compile=bench.compile, device=bench.device, img_size=bench.img_size, num_classes=args.num_classes or 1000,
+        compile=bench.compile, cudagraphs=bench.cudagraphs, device=bench.device, img_size=bench.img_size, num_classes=args.num_classes or 1000,
         optim_cfg=params.train, peak_tflops=args.peak_tflops, hardware=hardware_label(measured_on=True),
         seed=bench.seed, progress=not args.no_progress)
     write_json_atomic(args.out_json, result)

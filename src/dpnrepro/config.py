@@ -168,7 +168,11 @@ class RuntimeParams(_Section):
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description=(
         "with more than one process: ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard per "
         "transformer block + root, for L/16 and up)"))
-    compile: bool = Field(False, description="torch.compile the model (checkpoints keep the plain state dict)")
+    compile: bool = Field(False, description=(
+        "torch.compile forward + loss as one graph (and so its backward); checkpoints keep the plain state dict"))
+    cudagraphs: bool = Field(False, description=(
+        "with compile, on CUDA: replay forward and backward as CUDA graphs (mode reduce-overhead), for "
+        "models whose step is bound by kernel launches (Ti/16, S/16)"))
 
     def check_batch(self, batch_size: int) -> None:
         if batch_size % (self.devices * self.accum_steps):
@@ -280,6 +284,7 @@ class BenchmarkParams(_Section):
     steps_per_round: int = Field(2, gt=0)  # timed steps per model per round
     seed: int = 0  # weights, synthetic batch and the per-round model order
     compile: bool = False
+    cudagraphs: bool = Field(False, description="with compile, on CUDA: CUDA graphs (runtime.cudagraphs)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 

@@ -1,11 +1,13 @@
 """Training throughput, MFU and peak memory of our ViTs (conv / linear / DPN stems) next to timm's stock ViT.
 
-One process, one synthetic batch (random images and labels generated once on the device), the same
-training step for every model:
+One process, one fixed batch on the device (real photos as uint8, random labels: no input pipeline), the
+trainer's own step (``dpnrepro.training.step``) for every model:
 
-    forward (bf16 autocast on CUDA, fp32 on CPU) → sigmoid cross-entropy (``dpnrepro.training.losses``)
-    → backward → global-norm clip (``grad_clip``, 0 = off) → optimizer step
-    (``dpnrepro.training.optim.build_optimizer``: the project's Adam with decoupled weight decay)
+    uint8 → [-1, 1] on the device → forward (bf16 autocast on CUDA, fp32 on CPU) → sigmoid cross-entropy
+    (``dpnrepro.training.losses``) → backward → global-norm clip (``grad_clip``, 0 = off) → optimizer step
+    (``dpnrepro.training.optim.build_optimizer``: the project's Adam with decoupled weight decay; fused on
+    CUDA unless ``fused_optimizer=False``). ``compile`` compiles forward + loss (and so the backward) as
+    one graph; ``cudagraphs`` replays them as CUDA graphs.
 
 Per arch, every model (stems + timm's stock ViT) is built and given ``warmup_steps`` untimed steps
 (they include torch.compile's compilation; peak memory is measured over build + warm-up), then the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import io
 import math
 import os
 import re
@@ -38,6 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -207,9 +211,11 @@ class _Contender:
     """A built model with its optimizer and one training step, ready to be timed in blocks."""
 
     def __init__(self, model: torch.nn.Module, name: str, images: torch.Tensor, targets: torch.Tensor, *,
-                 optim_cfg, grad_clip: float, compile_model: bool) -> None:
+                 optim_cfg, grad_clip: float, compile_model: bool, cudagraphs: bool = False,
+                 fused_optimizer: bool = True) -> None:
         from dpnrepro.training.losses import sigmoid_xent
         from dpnrepro.training.optim import build_optimizer
+        from dpnrepro.training.step import LossStep, unit_range
 
         self.name = name
         self.model = model
@@ -217,21 +223,19 @@ class _Contender:
         device = images.device
         self.device = device
         model.train()
-        optimizer = build_optimizer(model, optim_cfg)
+        # the trainer's step (training/trainer.py): uint8 batch scaled on the device, LossStep, fused optimizer
+        optimizer = build_optimizer(model, optim_cfg, fused=fused_optimizer and device.type == "cuda")
         params = [p for p in model.parameters() if p.requires_grad]
-        fwd = torch.compile(model) if compile_model else model
-        use_bf16 = device.type == "cuda"
+        loss_step = LossStep(model, sigmoid_xent, device, compile=compile_model, cudagraphs=cudagraphs)
 
         def step() -> torch.Tensor:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                logits = fwd(images)
-            loss = sigmoid_xent(logits.float(), targets)
             optimizer.zero_grad(set_to_none=True)
+            loss = loss_step(unit_range(images), targets)
             loss.backward()
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
-            return loss
+            return loss.detach().clone() if loss_step.cudagraphs else loss.detach()
 
         self.step: Callable[[], torch.Tensor] = step
         self.optimizer = optimizer
@@ -264,12 +268,31 @@ class _Contender:
         self.model = self.optimizer = self.step = None  # type: ignore[assignment]
 
 
+def photo_batch(batch_size: int, img_size: int) -> torch.Tensor:
+    """A uint8 (B, 3, S, S) batch of the benchmark's real photos (resize_small + central_crop), cycled."""
+    from PIL import Image
+
+    from dpnrepro.benchmarks.input_pipeline import load_photos
+
+    crops = []
+    for blob in load_photos()[0]:
+        with Image.open(io.BytesIO(blob)) as im:
+            w, h = im.size
+            f = img_size / min(w, h)
+            im = im.convert("RGB").resize((max(img_size, round(w * f)), max(img_size, round(h * f))),
+                                          Image.Resampling.BILINEAR)
+            left, top = (im.width - img_size) // 2, (im.height - img_size) // 2
+            im = im.crop((left, top, left + img_size, top + img_size))
+        crops.append(torch.from_numpy(np.asarray(im).transpose(2, 0, 1).copy()))
+    return torch.stack([crops[i % len(crops)] for i in range(batch_size)])
+
+
 def _is_cuda_oom(exc: BaseException, device: torch.device) -> bool:
     return device.type == "cuda" and "out of memory" in str(exc).lower()
 
 
 def _prepare(build, *, device, images, targets, optim_cfg, grad_clip, warmup_steps, compile_model,
-             seed) -> tuple[_Contender | None, dict]:
+             seed, cudagraphs=False, fused_optimizer=True) -> tuple[_Contender | None, dict]:
     """Build one model with ``build()`` on ``device`` and warm it up; peak memory over build + warm-up
     (the other models of the arch stay resident but idle, so they do not count). Returns the contender
     and its partial row, or ``(None, {"error": ...})`` when CUDA runs out of memory."""
@@ -288,7 +311,7 @@ def _prepare(build, *, device, images, targets, optim_cfg, grad_clip, warmup_ste
     try:
         model, name = build()
         contender = _Contender(model.to(device), name, images, targets, optim_cfg=optim_cfg, grad_clip=grad_clip,
-                               compile_model=compile_model)
+                               compile_model=compile_model, cudagraphs=cudagraphs, fused_optimizer=fused_optimizer)
         warmup_s = contender.warm_up(warmup_steps)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # torch.compile may wrap the OOM
         if not _is_cuda_oom(exc, device):
@@ -398,6 +421,8 @@ def run_benchmark(
         rounds: int = 10,
         steps_per_round: int = 2,
         compile: bool = False,
+        cudagraphs: bool = False,
+        fused_optimizer: bool = True,
         device: str = "auto",
         img_size: int = 224,
         num_classes: int = 1000,
@@ -471,7 +496,7 @@ def run_benchmark(
                   "tflops": measure_matmul_tflops(dev, mm_dtype)}
 
     gen = torch.Generator(device=dev).manual_seed(seed)
-    images = torch.randn(batch_size, 3, img_size, img_size, device=dev, generator=gen)
+    images = photo_batch(batch_size, img_size).to(dev)
     labels = torch.randint(0, num_classes, (batch_size,), device=dev, generator=gen)
     targets = one_hot_targets(labels, num_classes)
 
@@ -501,7 +526,8 @@ def run_benchmark(
                 bar.set_description(f"benchmark {key} {variant} warm-up")
                 contender, partial = _prepare(build, device=dev, images=images, targets=targets,
                                               optim_cfg=optim_cfg, grad_clip=grad_clip, warmup_steps=warmup_steps,
-                                              compile_model=compile, seed=seed)
+                                              compile_model=compile, seed=seed, cudagraphs=cudagraphs,
+                                              fused_optimizer=fused_optimizer)
                 rows[variant] = partial
                 if contender is not None:
                     live[variant] = contender
@@ -561,6 +587,9 @@ def run_benchmark(
         "statistic": ("median over rounds of the per-round ratio (paired by round); 95 % CI for the median from "
                       "order statistics (distribution-free, exact binomial coverage)"),
         "compile": bool(compile),
+        "cudagraphs": bool(compile and cudagraphs and dev.type == "cuda"),
+        "fused_optimizer": bool(fused_optimizer and dev.type == "cuda"),
+        "input": "uint8 batch of real photos (benchmarks/input_pipeline.py), scaled to [-1, 1] on the device each step",
         "recompiled_during_timing": recompiled if compile else None,
         "cudnn_benchmark": dev.type == "cuda",
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),

@@ -525,7 +525,8 @@ class FastTrainTransform:
     ``crop_sampler``: ``torchvision`` or ``big_vision`` (``input.crop_sampler``)."""
 
     def __init__(self, size: int, channels: int, *, inception_crop: bool = True, flip: bool = True,
-                 randaug: str = "", crop_min_area: float = INCEPTION_SCALE[0], crop_sampler: str = "torchvision"):
+                 randaug: str = "", crop_min_area: float = INCEPTION_SCALE[0], crop_sampler: str = "torchvision",
+                 uint8: bool = False):
         from torchvision.transforms import v2
 
         self.size, self.channels, self.mode = size, channels, MODES[channels]
@@ -535,6 +536,7 @@ class FastTrainTransform:
         self.crop_sampler = crop_sampler
         self.resize_center = None if inception_crop else v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
         self.randaug = randaugment(randaug, size, channels) if randaug else None
+        self.uint8 = uint8
 
     def __call__(self, image) -> torch.Tensor:
         import cv2
@@ -556,6 +558,8 @@ class FastTrainTransform:
         if self.randaug is not None:
             for op in self.randaug.choose():
                 arr = apply_op(op, arr)
+        if self.uint8:  # scaled on the device by dpnrepro.training.step.unit_range
+            return torch.from_numpy(arr.transpose(2, 0, 1).copy())
         return to_tensor(arr)
 
     def __repr__(self) -> str:

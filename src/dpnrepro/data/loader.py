@@ -13,8 +13,12 @@ import torch
 from dpnrepro.errors import DatasetError, UserError
 
 
-def build_transform(cfg: dict, train: bool):
+def build_transform(cfg: dict, train: bool, uint8: bool = False):
     """A transform mapping one image to a float tensor (C, S, S) in [-1, 1].
+
+    ``uint8=True`` (the trainer's): the tensor stays uint8 in [0, 255] and
+    :func:`dpnrepro.training.step.unit_range` scales it on the device, bit-identically; a recipe with
+    random erasing (which works on the scaled tensor) still gets floats.
 
     ``input.backend: pil`` (default): torchvision v2 ops on a PIL image. ``fast`` (train only):
     :class:`dpnrepro.data.fast.FastTrainTransform` — same samplers, same RNG draws, same ops, computed
@@ -38,7 +42,7 @@ def build_transform(cfg: dict, train: bool):
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
                                   crop_min_area=cfg.get("crop_min_area", 0.05),
-                                  crop_sampler=cfg.get("crop_sampler", "torchvision"))
+                                  crop_sampler=cfg.get("crop_sampler", "torchvision"), uint8=uint8 and not erase)
         return v2.Compose([fast, *erase]) if erase else fast
     mode = {1: "L", 3: "RGB"}[cfg["channels"]]
     ops = [v2.Lambda(lambda im: im.convert(mode) if im.mode != mode else im)]
@@ -61,7 +65,9 @@ def build_transform(cfg: dict, train: bool):
             ops.append(randaugment(cfg["randaug"], size, cfg["channels"]))
     else:
         ops += [v2.Resize(cfg.get("eval_resize", size), antialias=True), v2.CenterCrop(size)]
-    ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]
+    ops.append(v2.PILToTensor())
+    if not (uint8 and not erase):
+        ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]
     return v2.Compose(ops + erase)
 
 
@@ -107,13 +113,19 @@ class StepBatchSampler(torch.utils.data.Sampler):
         self.rank, self.world_size = rank, world_size
         self.repeats, self.distinct = repeats, distinct
         self.steps_per_epoch = n // distinct
+        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation): O(n) once per epoch
+
+    def _epoch_perm(self, epoch: int) -> torch.Tensor:
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, torch.randperm(self.n, generator=torch.Generator().manual_seed(_mix(self.seed, epoch))))
+        return self._perm[1]
 
     def __len__(self) -> int:
         return self.total_steps - self.start_step
 
     def batch_for_step(self, step: int) -> list[tuple[int, int]]:
         epoch, pos = divmod(step, self.steps_per_epoch)
-        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(_mix(self.seed, epoch)))
+        perm = self._epoch_perm(epoch)
         idx = [i for i in perm[pos * self.distinct : (pos + 1) * self.distinct].tolist()
                for _ in range(self.repeats)][: self.batch_size]
         per_rank = self.batch_size // self.world_size

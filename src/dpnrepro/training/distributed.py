@@ -174,11 +174,11 @@ class Parallel:
     """The model as the step loop sees it.
 
     ``core`` is the plain module (its state dict names the checkpoint's tensors, and under FSDP2 its
-    parameters are sharded DTensors); ``forward`` is what to call (DDP wrapper and/or torch.compile);
+    parameters are sharded DTensors); ``forward`` is what to call (the DDP wrapper or the module);
     ``no_sync()`` skips the gradient all-reduce on non-final accumulation micro-steps.
     """
 
-    def __init__(self, core: torch.nn.Module, ctx: DistContext, parallel: str = "ddp", compile: bool = False):
+    def __init__(self, core: torch.nn.Module, ctx: DistContext, parallel: str = "ddp"):
         self.core, self.ctx = core, ctx
         self.fsdp = ctx.distributed and parallel == "fsdp"
         self.ddp = None
@@ -194,7 +194,7 @@ class Parallel:
 
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = wrapped = DistributedDataParallel(core, device_ids=ids, output_device=ids[0] if ids else None)
-        self.forward = torch.compile(wrapped) if compile else wrapped
+        self.forward = wrapped  # torch.compile wraps forward + loss (training/step.py: LossStep)
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -22,7 +22,7 @@ def decay_mask(model: nn.Module) -> dict[str, bool]:
     }
 
 
-def build_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg, fused: bool = False) -> torch.optim.Optimizer:
     """Adam / AdamW / momentum SGD for the TrainParams ``cfg``.
 
     ``adam`` is big_vision's ``scale_by_adam`` + ``wd`` (appendix C). big_vision chains
@@ -33,6 +33,9 @@ def build_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
 
     ``adamw`` is DeiT's (λ multiplies the lr, PyTorch convention). ``sgd_momentum`` is big_vision's
     ``momentum_hp`` (momentum 0.9, decay off unless weight_decay > 0) used for fine-tuning (appendix D).
+
+    ``fused``: torch's fused kernels (one launch per parameter group; CUDA) instead of the for-each path;
+    the same update, rounded differently, so CPU results keep the for-each path.
     """
     mask = decay_mask(model)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and mask[n]]
@@ -43,8 +46,8 @@ def build_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
         wd = cfg.weight_decay
     groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer in ("adam", "adamw"):
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, fused=fused or None)
 
 
 def schedule_multiplier(step: int, *, total: int, warmup: int, kind: str) -> float:

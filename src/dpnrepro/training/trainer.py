@@ -24,6 +24,7 @@ from dpnrepro.training import distributed
 from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
 from dpnrepro.training.losses import LOSSES, mixup, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler
+from dpnrepro.training.step import LossStep, reseed, unit_range
 
 
 class TrainingDiverged(UserError):
@@ -83,13 +84,14 @@ KILL_AT_STEP_ENV = "DPNREPRO_TEST_KILL_AT_STEP"
 
 def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: int, ckpt_dir: str | Path,
                      runtime: RuntimeParams | None = None, live=None, progress: bool = True,
-                     init=None) -> torch.nn.Module | None:
+                     init=None, on_step=None) -> torch.nn.Module | None:
     """Train ``spec`` on ``train_ds`` for ``train_cfg.steps`` steps, resuming from ``ckpt_dir``.
 
     A checkpoint is written every ``runtime.ckpt_every`` steps and at the end; if ``ckpt_dir`` holds one
     with the same fingerprint (model, data, input, train config, seed, code), training continues from it and
     ends with bit-identical weights on CPU. ``init`` (optional) is called with the freshly built model
     before training (e.g. fine-tuning from a pretrained run); its ``repr`` joins the fingerprint.
+    ``on_step`` (optional, benchmarks) is called with the step number after each optimizer step.
 
     Under ``torchrun`` each process trains on its slice of every global batch (``train.batch_size``),
     split into ``runtime.accum_steps`` micro-batches; gradients are the mean over the global batch, so
@@ -104,17 +106,19 @@ def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: i
     seed_everything(seed, train_cfg.deterministic)
     with distributed.session(train_cfg.device) as ctx:
         return _train(spec, train_ds, input_cfg, train_cfg, runtime, seed=seed, ckpt_dir=ckpt_dir, live=live,
-                      progress=progress, init=init, ctx=ctx, micro=micro)
+                      progress=progress, init=init, ctx=ctx, micro=micro, on_step=on_step)
 
 
-def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, live, progress, init, ctx, micro):
+def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, live, progress, init, ctx, micro,
+           on_step):
     device = ctx.device
     model = spec.build()
     if init is not None:
         model = init(model) or model
-    par = distributed.Parallel(model.to(device), ctx, runtime.parallel, runtime.compile)
+    par = distributed.Parallel(model.to(device), ctx, runtime.parallel)
     model = par.core
-    optimizer = build_optimizer(model, train_cfg)
+    # Fused (one kernel per parameter group) on CUDA; the CPU keeps the for-each path its results were made with.
+    optimizer = build_optimizer(model, train_cfg, fused=device.type == "cuda" and not par.fsdp)
     scheduler = build_scheduler(optimizer, train_cfg)
     fp_parts = [asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(), seed,
                 train_ds._fingerprint, code_fingerprint()]
@@ -146,10 +150,10 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         from dpnrepro.data.fast import undecoded
 
         train_ds = undecoded(train_ds)
-    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True), sampler, runtime.workers,
-                          num_classes=spec.num_classes)
-    loss_fn = LOSSES[train_cfg.loss]
-    use_bf16 = device.type == "cuda"
+    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True, uint8=True), sampler,
+                          runtime.workers, num_classes=spec.num_classes)
+    loss_step = LossStep(par.forward, LOSSES[train_cfg.loss], device, compile=runtime.compile,
+                         cudagraphs=runtime.cudagraphs)
     params = [p for p in model.parameters() if p.requires_grad]
     accum = runtime.accum_steps
     kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
@@ -159,7 +163,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
     step = start
     for images, labels in loader:
         model.train()
-        images = images.to(device, non_blocking=True)
+        images = unit_range(images.to(device, non_blocking=True))
         labels = labels.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         loss_sum = None
@@ -176,13 +180,12 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
                 t = targets_of(labels[lo : lo + micro], spec.num_classes, train_cfg.label_smoothing)
             # Dropout / stochastic-depth masks: a function of (seed, step, global micro-batch index), so
             # resuming is exact on every rank, and layouts with the same micro-batch size agree.
-            torch.manual_seed(_mix(seed, step, ctx.rank * accum + k))
+            reseed(device, _mix(seed, step, ctx.rank * accum + k))
             with contextlib.nullcontext() if k == accum - 1 else par.no_sync():
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    logits = par.forward(x)
-                loss = loss_fn(logits.float(), t)
+                loss = loss_step(x, t)
                 (loss / accum if accum > 1 else loss).backward()  # mean over the global batch
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            loss = loss.detach().clone() if loss_step.cudagraphs else loss.detach()  # a graph's output is reused
+            loss_sum = loss if loss_sum is None else loss_sum + loss
         log_now = (step + 1) % runtime.log_every == 0 or step + 1 == train_cfg.steps
         layer_norms = grad_norms_by_layer(model) if log_now else None
         if train_cfg.grad_clip > 0:
@@ -221,5 +224,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
             if step == kill_at and ctx.is_main:
                 os.kill(os.getpid(), signal.SIGKILL)
         bar.update(1)
+        if on_step is not None:
+            on_step(step)
     bar.close()
     return par.full_model(spec)

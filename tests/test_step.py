@@ -1,0 +1,135 @@
+"""The training step's compute (training/step.py): on-device scaling of uint8 images, per-micro-step
+seeding, forward + loss compiled as one graph, the fused optimizer, and the sampler's per-epoch permutation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpnrepro.training.step import LossStep, reseed, unit_range
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+def test_unit_range_is_bit_identical_to_both_backends_own_scaling_for_all_256_values():
+    from torchvision.transforms import v2
+
+    from dpnrepro.data.fast import to_tensor
+
+    hwc = np.arange(256 * 3, dtype=np.int64).reshape(16, 16, 3).__mod__(256).astype(np.uint8)
+    chw = torch.from_numpy(hwc.transpose(2, 0, 1).copy())
+    pil_ref = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)])(chw)
+    assert torch.equal(unit_range(chw[None])[0], pil_ref)
+    assert torch.equal(unit_range(chw[None])[0], to_tensor(hwc))
+    assert unit_range(chw).dtype == torch.float32 and unit_range(chw).min() == -1 and unit_range(chw).max() == 1
+    floats = torch.rand(2, 3, 4, 4)
+    assert unit_range(floats) is floats  # already scaled (random erasing keeps floats)
+
+
+@pytest.mark.parametrize("backend", ["pil", "fast"])
+def test_train_transform_in_uint8_then_scaled_equals_the_float_transform(backend):
+    from PIL import Image
+
+    from dpnrepro.data.loader import build_transform
+
+    cfg = {"image_size": 24, "channels": 3, "eval_resize": 24, "inception_crop": True, "flip": True,
+           "randaug": "rand-n2-m15-tbigvision", "backend": backend}
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 30, 3), dtype=np.uint8))
+    outs = []
+    for uint8 in (False, True):
+        torch.manual_seed(3)
+        import random
+        random.seed(3)
+        outs.append(build_transform(cfg, train=True, uint8=uint8)(img))
+    assert outs[1].dtype == torch.uint8
+    assert torch.equal(unit_range(outs[1][None])[0], outs[0])
+
+
+def test_reseed_gives_the_dropout_masks_of_torch_manual_seed():
+    x = torch.ones(1000)
+    torch.manual_seed(123)
+    a = torch.nn.functional.dropout(x, 0.5)
+    torch.manual_seed(7)
+    reseed(torch.device("cpu"), 123)
+    b = torch.nn.functional.dropout(x, 0.5)
+    assert torch.equal(a, b)
+
+
+def _mu_model(device, seed=0):
+    from dpnrepro.models import build_vit
+
+    torch.manual_seed(seed)
+    return build_vit("Mu/7", stem="dpn", img_size=28, num_classes=10, in_chans=1).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cudagraphs", [False, True])
+def test_compiled_loss_and_gradients_match_eager(device, cudagraphs):
+    """forward + loss compiled as one graph (and its AOTAutograd backward) computes what eager computes:
+    fp32 on the CPU to 1e-5, bf16 autocast on CUDA to bf16 rounding."""
+    from dpnrepro.training.losses import sigmoid_xent
+
+    if cudagraphs and device == "cpu":
+        pytest.skip("CUDA graphs are CUDA only")
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev)
+    t = torch.nn.functional.one_hot(torch.randint(0, 10, (8,), generator=gen), 10).float().to(dev)
+    results = []
+    for compile_ in (False, True):
+        model = _mu_model(dev)
+        step = LossStep(model, sigmoid_xent, dev, compile=compile_, cudagraphs=cudagraphs)
+        for _ in range(2 if cudagraphs else 1):  # CUDA graphs record on a later call
+            model.zero_grad(set_to_none=True)
+            loss = step(unit_range(x), t)
+            loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((loss.detach().clone(), grads))
+    (l0, g0), (l1, g1) = results
+    tol = 1e-5 if device == "cpu" else 2e-2
+    assert torch.allclose(l0, l1, rtol=tol, atol=tol), (l0, l1)
+    assert (g1 - g0).norm() / g0.norm() < tol * 10
+
+
+def test_fused_adamw_takes_the_for_each_step_to_rounding():
+    from types import SimpleNamespace
+
+    from dpnrepro.training.optim import build_optimizer
+
+    cfg = SimpleNamespace(optimizer="adam", lr=1e-3, weight_decay=1e-4)
+    finals = []
+    for fused in (False, True):
+        model = _mu_model("cpu")
+        opt = build_optimizer(model, cfg, fused=fused)
+        assert all(g.get("fused") is (True if fused else None) for g in opt.param_groups)
+        for k in range(3):
+            for p in model.parameters():
+                p.grad = torch.full_like(p, 0.01 * (k + 1))
+            opt.step()
+        finals.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.allclose(finals[0], finals[1], rtol=1e-6, atol=1e-7)
+
+
+def test_sampler_reads_each_epoch_permutation_once_and_gives_the_same_batches():
+    from dpnrepro.data.loader import StepBatchSampler, _mix
+
+    s = StepBatchSampler(50, 8, seed=3, start_step=0, total_steps=20)
+    calls = []
+    real = torch.randperm
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    torch.randperm = counting
+    try:
+        batches = [s.batch_for_step(step) for step in range(18)]  # 6 steps an epoch: 3 epochs
+    finally:
+        torch.randperm = real
+    assert len(calls) == 3
+    for step, batch in enumerate(batches):  # the definition: positions of the epoch's seeded permutation
+        epoch, pos = divmod(step, s.steps_per_epoch)
+        perm = torch.randperm(50, generator=torch.Generator().manual_seed(_mix(3, epoch)))
+        assert [i for i, _ in batch] == perm[pos * 8:(pos + 1) * 8].tolist()
