@@ -312,3 +312,22 @@ def test_cost_model_counts_the_locked_forward_and_the_text_training():
     assert f["image_forward"] == vit_forward_flops("B/32", img_size=224, num_classes=0, rep_size=768).total
     assert f["text_train"] == 3 * text_forward_flops(width=d, layers=12, context_length=t, embed_dim=e)
     assert 8e9 < f["image_forward"] < 9.5e9  # ViT-B/32 at 224 px: 4.4 GMACs
+
+
+def test_report_and_full_profile_state_that_the_image_pipeline_is_not_lit_cocos():
+    # issue 21, item 5: embeddings are precomputed once per locked tower (no augmentation), which
+    # big_vision's lit_coco.py pipeline (resize(224) | flip_lr | randaug(2, 10)) would not allow
+    from dpnrepro.reports.table4 import IMAGE_PIPELINE, render_markdown, summarize
+
+    runs = {f"{stem}{seed}": {"sweep": "jft_220k", "arch": "B-32", "stem": stem, "seed": seed, "hardware": "cpu",
+                              "zeroshot": {"imagenet": {"label": 50.0 + seed}}}
+            for stem in ("conv", "dpn") for seed in range(2)}
+    metrics = {"profile": "full", "headline": "imagenet", "classifiers": ["label"], "recipe": "r", "runs": runs,
+               "datasets": {"imagenet": {"images": 10, "format": "imagefolder", "source": "s", "split": "validation",
+                                         "classes": 1000, "class_names": "imagenet", "seeds": [0, 1]}}}
+    text = render_markdown(metrics, summarize(metrics))
+    assert IMAGE_PIPELINE in text
+    for needle in ("lit_coco.py", "randaug(2, 10)", "resize(224)", "without augmentation", "computed once"):
+        assert needle in IMAGE_PIPELINE
+    full = (REPO / "profiles" / "full.yaml").read_text()
+    assert "the image pipeline is not lit_coco's" in full and "randaug(2, 10)" in full

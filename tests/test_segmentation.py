@@ -191,6 +191,32 @@ def test_full_config_builds_b16_on_the_512_grid():
     assert isinstance(model.decode_head.convs, torch.nn.Identity)  # num_convs=0: features go straight to conv_seg
 
 
+def test_full_config_evaluates_sides_that_are_not_multiples_of_16_as_padding_by_hand():
+    """ADE20K's validation images come in any size (e.g. 375 x 500): evaluation must not raise in the
+    backbone, and must give what padding the image right / bottom to 384 x 512 by hand, sliding the
+    windows over it and cutting the padding off the logits gives (issue 21, item 4)."""
+    import torch.nn.functional as F
+    from mmengine.config import Config
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    from mmseg.utils import register_all_modules
+
+    register_all_modules()
+    torch.manual_seed(0)
+    model = MODELS.build(Config.fromfile(str(FULL)).model).eval()
+    img = torch.randint(0, 256, (3, 375, 500), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    sample = SegDataSample(metainfo=dict(ori_shape=(375, 500), img_shape=(375, 500)))
+    with torch.no_grad():
+        (out,) = model.test_step(dict(inputs=[img], data_samples=[sample]))
+        pre = model.data_preprocessor
+        x = (img[[2, 1, 0]].float() - pre.mean) / pre.std                      # bgr_to_rgb, standardize
+        padded = F.pad(x, (0, 512 - 500, 0, 384 - 375))[None]                  # pad value 0 (pad_val)
+        meta = dict(ori_shape=(384, 512), img_shape=(384, 512), pad_shape=(384, 512), padding_size=[0] * 4)
+        by_hand = model.inference(padded, [meta])[0, :, :375, :500]
+    assert out.seg_logits.data.shape == (150, 375, 500)
+    torch.testing.assert_close(out.seg_logits.data, by_hand)
+
+
 def test_smoke_config_inherits_the_recipe():
     from mmengine.config import Config
 
@@ -393,3 +419,14 @@ def test_table5_summary_pairs_seeds(tmp_path):
     assert "27.3 ± 0.09" in text and "46.1 ± 0.11" in text and "| Δ | +0.7 | +1.1 | +1.1 | +1.1 | +0.5 |" in text
     assert "| Δ dpn − conv | +1.50 ± 1.242 | +1.50 ± 1.242 |" in text
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_padding_that_is_not_a_multiple_of_the_patch_is_an_error(canvases, tmp_path):
+    # caught when the run is configured, not in runner.val() after 161,664 steps
+    from dpnrepro.errors import ParamsError
+
+    assert _cfg(canvases, tmp_path / "ok").model.data_preprocessor.test_cfg.size_divisor == 7   # Mu/7
+    with pytest.raises(ParamsError, match="multiple of the patch"):
+        _cfg(canvases, tmp_path / "work", **{"model.data_preprocessor.test_cfg": {"size_divisor": 16}})
+    with pytest.raises(ParamsError, match="multiple of the patch"):
+        _cfg(canvases, tmp_path / "work", **{"model.data_preprocessor.test_cfg": None})

@@ -360,3 +360,154 @@ def test_scratch_search_trains_step_1s_winner_once_when_canonical_says_so():
                           canonical=no_aug)
     assert rows[1]["hparams"] == {"lr": 1e-3, "mixup": 0.0, "randaug_magnitude": 0}  # no augmentation wins
     assert len(fits) == len(grid) + len(aug) - 1 + 1                                  # trained once, not twice
+
+
+# ---------------------------------------------------------------------------------------------------
+# Audit (issue 21): what reaches the model
+
+
+PROFILES = ["params.yaml", "profiles/mini.yaml", "profiles/full.yaml"]
+
+
+def _kitti_frame():
+    """A 1242 x 375 frame (KITTI's size): black, with a white band over the leftmost and the rightmost
+    tenth of the width (where KITTI-Dist's nearest vehicle often is)."""
+    from PIL import Image
+
+    arr = np.zeros((375, 1242, 3), np.uint8)
+    arr[:, :124] = arr[:, -124:] = 255
+    return Image.fromarray(arr)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("mode", ["eval", "train-pil", "train-fast"])
+def test_vtab_transform_keeps_the_full_width_of_a_kitti_frame(profile, mode):
+    # task_adaptation's preprocess_fn and big_vision's transfer configs resize the whole frame to
+    # [size, size]; resize_small | central_crop would keep only the central 30 % of a KITTI frame's width.
+    from PIL import Image
+
+    from dpnrepro.config import load_params, vtab_config
+    from dpnrepro.data.loader import build_transform
+    from helpers import REPO
+
+    params = load_params(REPO / profile)
+    inp, _, _ = vtab_config(params, params.vtab.lrs[0])
+    cfg = inp.model_dump()
+    if mode == "train-fast":
+        cfg["backend"] = "fast"
+    x = build_transform(cfg, train=mode != "eval")(_kitti_frame())
+    s, c = inp.image_size, inp.channels
+    assert x.shape == (c, s, s)
+    assert x[:, :, 0].min() > 0.9 and x[:, :, -1].min() > 0.9   # both ends of the frame are in the input
+    ref = np.asarray(_kitti_frame().convert({1: "L", 3: "RGB"}[c]).resize((s, s), Image.Resampling.BILINEAR),
+                     np.float32).reshape(s, s, c).transpose(2, 0, 1) / 127.5 - 1
+    assert np.abs(x.numpy() - ref).max() < 4 / 127.5                  # the whole frame, squashed
+
+
+def test_imagenet_eval_stays_resize_small_and_central_crop():
+    # Table 1's evaluation is big_vision's ImageNet one: resize_small(256) | central_crop(224)
+    from dpnrepro.config import load_params
+    from dpnrepro.data.loader import build_transform
+    from helpers import REPO
+
+    full = load_params(REPO / "profiles" / "full.yaml")
+    assert not full.input.squash and full.input.eval_resize == 256
+    x = build_transform(full.input.model_dump(), train=False)(_kitti_frame())
+    assert x.shape == (3, 224, 224) and x.max() < -0.9                 # the central crop misses both bands
+
+
+def test_squash_with_an_eval_resize_other_than_the_image_size_is_an_error():
+    from pydantic import ValidationError
+
+    from dpnrepro.config import InputParams
+
+    with pytest.raises(ValidationError, match="squash"):
+        InputParams(image_size=224, eval_resize=256, squash=True)
+
+
+def _dsprites_source(n=2000, value=1):
+    """dSprites as TFDS stores it: 64 x 64 x 1 uint8 images of 0 (background) and 1 (the shape)."""
+    import datasets
+    from PIL import Image
+
+    arr = np.zeros((64, 64), np.uint8)
+    arr[20:40, 10:30] = value
+    img = Image.fromarray(arr, mode="L")
+    return datasets.DatasetDict({"train": datasets.Dataset.from_dict(
+        {"image": [img] * n, "label_x_position": [i % 32 for i in range(n)], "label_orientation": [0] * n})})
+
+
+@pytest.mark.parametrize("task", ["dSpr-Loc", "dSpr-Ori"])
+def test_dsprites_0_1_pixels_reach_the_model_at_0_255_in_3_channels(task):
+    # task_adaptation's dsprites: tf.tile(image, [1, 1, 3]) * 255
+    from dpnrepro.config import load_params, vtab_config
+    from dpnrepro.data.loader import build_transform
+    from dpnrepro.transfer.sources import DecodedSplit, vtab_splits
+    from helpers import REPO
+
+    splits = vtab_splits(get_task(task), _dsprites_source())
+    img = DecodedSplit(splits["test"])[0]["image"]
+    arr = np.asarray(img)
+    assert arr.shape == (64, 64, 3) and set(np.unique(arr)) == {0, 255}
+    full = load_params(REPO / "profiles" / "full.yaml")
+    inp, _, _ = vtab_config(full, full.vtab.lrs[0])
+    x = build_transform(inp.model_dump(), train=False)(img)
+    assert x.shape == (3, 224, 224) and x.min() == -1.0 and x.max() == 1.0
+
+
+def test_dsprites_stand_in_already_at_0_255_is_only_tiled():
+    from dpnrepro.transfer.sources import vtab_splits
+
+    splits = vtab_splits(get_task("dSpr-Loc"), _dsprites_source(value=200))
+    assert set(np.unique(np.asarray(splits["val200"][0]["image"]))) == {0, 200}
+
+
+@pytest.mark.parametrize("profile", ["params.yaml", "profiles/full.yaml"])
+def test_table7_step_1_trains_without_randaugment_and_mixup(profile, monkeypatch):
+    # Appendix F: lr x wd x dropout first, without augmentation; then mixup x RandAugment with the winner
+    import dpnrepro.transfer.scratch as scratch
+    from dpnrepro.config import load_params
+    from helpers import REPO
+
+    params = load_params(REPO / profile)
+
+    class Split:
+        def __len__(self):
+            return 10
+
+    trained = []
+
+    def train(spec, ds, inp, cfg, **kw):
+        trained.append((kw["ckpt_dir"].name, inp))
+        return len(trained)
+
+    monkeypatch.setattr(scratch, "load_source", lambda fmt, source: None)
+    monkeypatch.setattr(scratch, "vtab_splits", lambda task, source, names: {n: Split() for n in names})
+    monkeypatch.setattr(scratch, "DecodedSplit", lambda ds: ds)
+    monkeypatch.setattr("dpnrepro.training.trainer.train_classifier", train)
+    monkeypatch.setattr("dpnrepro.evaluation.classification.evaluate_top1",
+                        lambda model, ds, cfg, **kw: {"top1": float(model)})
+    scratch.run_scratch(params, progress=False)
+    sp = params.sun397_scratch
+    step1 = [(name, inp) for name, inp in trained if "mix" not in name and "steps" not in name]
+    assert len(step1) == len(sp.archs) * len(sp.stems) * len(scratch.grids(sp)[0])
+    assert all(inp.mixup == 0.0 and inp.randaug == "" for _, inp in step1)
+    # every step-2 run trains with its own mixup and RandAugment, on top of step 1's winner
+    aug = {(a["mixup"], a["randaug_magnitude"]) for a in scratch.grids(sp)[1]}
+    seen = {(inp.mixup, inp.randaug) for name, inp in trained if "_mix" in name}
+    assert seen == {(m, scratch.randaug_spec(r)) for m, r in aug if (m, r) != (0.0, 0)}
+    # step 2's "no augmentation" candidate is step 1's winner, trained once
+    assert len(trained) == len(sp.archs) * len(sp.stems) * (len(scratch.grids(sp)[0]) + len(aug) - 1 + 1)
+
+
+def test_table7_recipe_setting_the_searched_augmentation_is_an_error():
+    import yaml
+    from pydantic import ValidationError
+
+    from dpnrepro.config import ScratchParams
+    from helpers import REPO
+
+    sp = yaml.safe_load((REPO / "profiles" / "full.yaml").read_text())["sun397_scratch"]
+    sp["recipe"]["input"]["mixup"] = 0.5
+    with pytest.raises(ValidationError, match="the search does"):
+        ScratchParams.model_validate(sp)

@@ -13,7 +13,12 @@ data_preprocessor = dict(
     type='SegDataPreProcessor',
     mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],   # appendix G: standardize(ImageNet mean, std)
     std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
-    bgr_to_rgb=True, pad_val=0, seg_pad_val=255, size=crop_size)
+    bgr_to_rgb=True, pad_val=0, seg_pad_val=255, size=crop_size,
+    # evaluation: each image padded right / bottom (pad_val 0, i.e. the mean colour after standardize) to a
+    # multiple of the patch, so every sliding window (smaller than 512 on a smaller image) tiles into whole
+    # patches; EncoderDecoder.postprocess_result cuts the padding off the logits (mmseg 1.2.2's test-time
+    # padding, as its san_vit-b16 config uses it). Without it a 375 x 500 image raises in the backbone.
+    test_cfg=dict(size_divisor=16))
 
 model = dict(
     type='EncoderDecoder',
@@ -60,7 +65,8 @@ default_hooks = dict(
 
 # appendix G: batch 16 (global; divide by the GPU count under torchrun)
 train_dataloader = dict(batch_size=16, num_workers=8)
-# appendix G's pp_eval: no resize, sliding windows over the image as it is
+# appendix G's pp_eval: no resize, sliding windows over the image as it is (padded to a multiple of 16 by
+# the data preprocessor, above)
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', reduce_zero_label=True),

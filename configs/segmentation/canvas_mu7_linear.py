@@ -11,7 +11,8 @@ max_iters = 40
 data_root = 'data/raw/seg_canvases'
 dataset_type = 'FashionCanvasDataset'
 
-data_preprocessor = dict(mean=[31.9], std=[56.1], bgr_to_rgb=False, size=crop_size)  # the canvases' grey level
+data_preprocessor = dict(mean=[31.9], std=[56.1], bgr_to_rgb=False, size=crop_size,  # the canvases' grey level
+                         test_cfg=dict(size_divisor=7))  # eval padding to whole 7-px patches (84 px: none)
 model = dict(
     data_preprocessor=data_preprocessor,
     backbone=dict(arch='Mu/7', img_size=56, in_channels=1),

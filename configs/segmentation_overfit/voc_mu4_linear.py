@@ -25,7 +25,7 @@ voc_classes = ('background', 'aeroplane', 'bicycle', 'bird', 'boat', 'bottle', '
 
 data_preprocessor = dict(
     mean=[0.485 * 255, 0.456 * 255, 0.406 * 255], std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
-    bgr_to_rgb=True, size=image_size)
+    bgr_to_rgb=True, size=image_size, test_cfg=dict(size_divisor=4))  # whole 4-px patches (84 x 112: none)
 model = dict(
     data_preprocessor=data_preprocessor,
     backbone=dict(arch='Mu/4', img_size=image_size, in_channels=3, drop_path_rate=0.0),

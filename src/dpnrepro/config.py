@@ -82,6 +82,10 @@ class InputParams(_Section):
         "inception crop box + resize: 'big_vision' = TF's sample_distorted_bounding_box (aspect 0.75-1.33 "
         "uniform, 100 attempts, else the whole image) + bilinear without antialias (data/crop.py); "
         "'torchvision' = RandomResizedCrop (log-uniform aspect 3/4-4/3, 10 attempts) + antialiased bilinear"))
+    squash: bool = Field(False, description=(
+        "without inception crop (train) and at evaluation, resize the whole frame to image_size x image_size, "
+        "aspect not kept: task_adaptation's and big_vision's transfer `resize(S)` (VTAB); false: "
+        "resize_small | central_crop (big_vision's ImageNet evaluation: eval_resize, then image_size)"))
     flip: bool = True
     randaug: str = Field("", description=(
         "'rand-n2-m15-tbigvision' = big_vision randaug(2, 15) (AugReg); any other timm RandAugment spec "
@@ -97,6 +101,9 @@ class InputParams(_Section):
     def _crop_fits(self):
         if self.eval_resize < self.image_size:
             raise ValueError(f"eval_resize ({self.eval_resize}) must be >= image_size ({self.image_size})")
+        if self.squash and self.eval_resize != self.image_size:
+            raise ValueError(f"squash resizes the whole frame to image_size ({self.image_size}); set eval_resize to "
+                             f"it too (got {self.eval_resize}: there is no crop for a larger resize to feed)")
         return self
 
 
@@ -429,6 +436,14 @@ class ScratchParams(_Section):
     aug_grid: AugGrid
     longer_steps: int = Field(gt=0)
     recipe: RecipeParams
+
+    @model_validator(mode="after")
+    def _search_sets_the_augmentation(self):
+        set_here = sorted({"mixup", "randaug"} & set(self.recipe.input))
+        if set_here:
+            raise ValueError(f"recipe.input sets {set_here}, but the search does (appendix F: none in step 1, "
+                             "aug_grid's in step 2); remove them")
+        return self
 
 
 class LitCaptionsParams(_Section):

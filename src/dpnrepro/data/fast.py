@@ -522,19 +522,22 @@ class FastTrainTransform:
     float tensor (C, S, S) in [-1, 1]. Randomness: torch's global RNG for crop + flip, Python's ``random``
     for RandAugment — exactly the generators (and the order) of the PIL path, so
     ``TransformedSplit``'s per-example seeding makes it deterministic per ``(index, seed)``.
-    ``crop_sampler``: ``torchvision`` or ``big_vision`` (``input.crop_sampler``)."""
+    ``crop_sampler``: ``torchvision`` or ``big_vision`` (``input.crop_sampler``). Without inception crop,
+    ``resize_small | central_crop`` or, with ``squash`` (``input.squash``), the whole frame resized to ``S x S``."""
 
     def __init__(self, size: int, channels: int, *, inception_crop: bool = True, flip: bool = True,
                  randaug: str = "", crop_min_area: float = INCEPTION_SCALE[0], crop_sampler: str = "torchvision",
-                 uint8: bool = False):
+                 squash: bool = False, uint8: bool = False):
         from torchvision.transforms import v2
+
+        from dpnrepro.data.loader import resize_ops
 
         self.size, self.channels, self.mode = size, channels, MODES[channels]
         self.flip = flip
         self.crop = inception_crop or None
         self.scale = (crop_min_area, 1.0)
         self.crop_sampler = crop_sampler
-        self.resize_center = None if inception_crop else v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
+        self.resize_center = None if inception_crop else v2.Compose(resize_ops(size, squash=squash))
         self.randaug = randaugment(randaug, size, channels) if randaug else None
         self.uint8 = uint8
 

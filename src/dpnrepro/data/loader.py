@@ -1,7 +1,8 @@
 """Prepared splits → augmented tensors → batches.
 
 Train-time preprocessing follows big_vision's AugReg pipeline (appendix C): inception crop, left-right
-flip, RandAugment, ``value_range(-1, 1)``; eval is ``resize_small`` then ``central_crop``.
+flip, RandAugment, ``value_range(-1, 1)``; eval is ``resize_small`` then ``central_crop`` (big_vision's
+ImageNet evaluation), or with ``input.squash`` the whole frame resized to ``S x S`` (VTAB's ``resize(S)``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,21 @@ from pathlib import Path
 import torch
 
 from dpnrepro.errors import DatasetError, UserError
+
+
+def resize_ops(size: int, *, squash: bool, resize=None) -> list:
+    """The resize of a pipeline without inception crop (torchvision v2 ops on a PIL image).
+
+    ``squash``: the whole frame to ``size x size``, aspect not kept (task_adaptation's ``preprocess_fn`` and
+    big_vision's transfer configs, ``resize(S)``: a KITTI frame keeps its full width). Otherwise
+    ``resize_small(resize or size) | central_crop(size)`` (big_vision's ImageNet evaluation; an integer
+    ``resize`` scales the shorter side).
+    """
+    from torchvision.transforms import v2
+
+    if squash:
+        return [v2.Resize((size, size), antialias=True)]
+    return [v2.Resize(size if resize is None else resize, antialias=True), v2.CenterCrop(size)]
 
 
 def build_transform(cfg: dict, train: bool, uint8: bool = False):
@@ -42,7 +58,8 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
                                   crop_min_area=cfg.get("crop_min_area", 0.05),
-                                  crop_sampler=cfg.get("crop_sampler", "torchvision"), uint8=uint8 and not erase)
+                                  crop_sampler=cfg.get("crop_sampler", "torchvision"),
+                                  squash=cfg.get("squash", False), uint8=uint8 and not erase)
         return v2.Compose([fast, *erase]) if erase else fast
     mode = {1: "L", 3: "RGB"}[cfg["channels"]]
     ops = [v2.Lambda(lambda im: im.convert(mode) if im.mode != mode else im)]
@@ -58,13 +75,13 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
             else:
                 ops.append(v2.RandomResizedCrop(size, scale=scale, ratio=(3 / 4, 4 / 3), antialias=True))
         else:
-            ops += [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+            ops += resize_ops(size, squash=cfg.get("squash", False))
         if cfg.get("flip", True):
             ops.append(v2.RandomHorizontalFlip())
         if cfg.get("randaug"):
             ops.append(randaugment(cfg["randaug"], size, cfg["channels"]))
     else:
-        ops += [v2.Resize(cfg.get("eval_resize", size), antialias=True), v2.CenterCrop(size)]
+        ops += resize_ops(size, squash=cfg.get("squash", False), resize=cfg.get("eval_resize", size))
     ops.append(v2.PILToTensor())
     if not (uint8 and not erase):
         ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]

@@ -23,6 +23,17 @@ CLASSIFIER_TEXT = {
                  "prompt embeddings normalised, averaged per class, renormalised",
 }
 
+# Item 5 of issue 21: the one place this pipeline departs from big_vision's LiT config on purpose.
+IMAGE_PIPELINE = (
+    "Image pipeline (not big_vision's `lit_coco.py`): every image, for LiT training and zero-shot evaluation "
+    "alike, goes through its locked tower's own evaluation preprocessing (its pretraining run's "
+    "resize_small | central crop), without augmentation, so each tower's embeddings are computed once and "
+    "reused every step. `lit_coco.py` trains with `decode | resize(224) | flip_lr | randaug(2, 10)` and "
+    "evaluates with `resize(224)`; with augmentation a locked tower's embedding of an image changes every "
+    "step, so following it means a forward of the locked tower on every training example (55,000 steps x "
+    "16,384 per run) instead of one pass over the corpus, plus a CPU pipeline for 16,384 augmented images a "
+    "step. The paper does not say which pipeline it used.")
+
 
 def summarize(metrics: dict) -> dict:
     """{set: {classifier: {sweep: {arch: {stem: {mean, ci95, n}, 'delta_<stem>': {...}}}}}}."""
@@ -98,6 +109,7 @@ def render_markdown(metrics: dict, summary: dict) -> str:
         f"## Ours (profile `{metrics['profile']}`, measured by this pipeline)",
         "",
         f"- LiT: {metrics['recipe']}.",
+        f"- {IMAGE_PIPELINE}",
         f"- Image towers: the runs of the pretraining sweeps {', '.join(f'`{s}`' for s in summary[head][metrics['classifiers'][0]])}"
         " (Table 2's JFT-style sweeps), locked.",
         f"- Runs: {len(runs)}; LiT seeds {', '.join(map(str, seeds))} per tower; mean ± 95 % CI (Student t) over "

@@ -46,10 +46,26 @@ def run_config(config_file: str | Path, *, arch: str, stem: str, fraction: str, 
     cfg.load_from = None
     for loader in ("train_dataloader", "val_dataloader", "test_dataloader"):
         cfg[loader].dataset.data_root = str(data_root)
+    check_eval_padding(cfg)
     ds = cfg.train_dataloader.dataset
     n_train = check_layout(data_root, **_suffixes(ds))["train"]
     ds.indices = fraction_indices(n_train, fraction, seed)
     return cfg
+
+
+def check_eval_padding(cfg) -> None:
+    """Evaluation pads each image to a multiple of the backbone's patch (the data preprocessor's
+    ``test_cfg.size_divisor``): a window whose side is not a multiple raises in the backbone, and it would
+    do so in ``runner.val()``, after the whole training. A one-line :class:`ParamsError` now instead."""
+    from dpnrepro.errors import ParamsError
+    from dpnrepro.models import parse_arch
+
+    _, patch = parse_arch(cfg.model.backbone.arch)
+    divisor = ((cfg.model.data_preprocessor.get("test_cfg") or {}).get("size_divisor")) or 0
+    if divisor % patch or not divisor:
+        raise ParamsError(f"model.data_preprocessor.test_cfg.size_divisor is {divisor or 'not set'}; set it to a "
+                          f"multiple of the patch ({patch}) of {cfg.model.backbone.arch}, so evaluation pads every "
+                          "image to whole patches")
 
 
 def _suffixes(dataset_cfg) -> dict:

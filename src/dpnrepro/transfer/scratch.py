@@ -1,7 +1,8 @@
 """Table 7 (appendix F): ViTs trained from scratch on Sun397, base vs DPN, through the one trainer.
 
 The three-step search of appendix F (transfer/protocol.py ``scratch_search``) per arch and stem:
-lr × weight decay × dropout, then mixup × RandAugment magnitude with the winner, then the winner trained
+lr × weight decay × dropout without augmentation (the top-level ``input``'s RandAugment and mixup are not
+inherited: :func:`search_input`), then mixup × RandAugment magnitude with the winner, then the winner trained
 for ``longer_steps``; each step chosen on Sun397's validation split, each row reported on its test split
 (the task adapter's full ``train`` / ``val`` / ``test``, transfer/tasks.py). Resumable: each run keeps its
 state in ``checkpoints/sun397_scratch/<arch>_<stem>/<hparams>``.
@@ -27,6 +28,20 @@ TASK = "Sun397"
 def randaug_spec(magnitude: int) -> str:
     """big_vision's ``randaug(2, m)`` (appendix C's spelling); magnitude 0 = no RandAugment."""
     return f"rand-n2-m{magnitude}-tbigvision" if magnitude else ""
+
+
+def search_input(inp, hp: dict):
+    """The input section of one run of the search: the recipe's, with the augmentation appendix F sets.
+    Step 1 (lr × weight decay × dropout) trains without augmentation, whatever the top-level ``input``
+    says (the full profile's is AugReg's RandAugment + mixup); step 2 trains with its candidate's mixup
+    and RandAugment magnitude; step 3 with step 2's winner's."""
+    return inp.model_copy(update={"mixup": hp.get("mixup", 0.0),
+                                  "randaug": randaug_spec(hp.get("randaug_magnitude", 0))})
+
+
+def without_augmentation(hp: dict) -> dict:
+    """``hp`` with mixup 0 / RandAugment 0 dropped: step 2's no-augmentation candidate is step 1's winner."""
+    return {k: v for k, v in hp.items() if not (k in ("mixup", "randaug_magnitude") and v == 0)}
 
 
 def hp_name(hp: dict) -> str:
@@ -64,13 +79,8 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
            "recipe": (f"{train0.optimizer}, batch {train0.batch_size}, {train0.steps} steps ({train0.warmup_steps} "
                       f"warm-up, {train0.schedule}), clip {train0.grad_clip:g}, {train0.loss}, {inp0.image_size}px"),
            "grid": grid, "aug_grid": aug, "longer": longer, "runs": {}}
-    def canonical(hp: dict) -> dict:  # no mixup / no RandAugment = the recipe's own (step 1's) setting
-        if inp0.mixup or inp0.randaug:
-            return hp
-        return {k: v for k, v in hp.items() if not (k in ("mixup", "randaug_magnitude") and v == 0)}
-
-    per_variant = len(grid) + len({repr(sorted(canonical(a).items())) for a in aug}) + 1 - any(
-        not canonical(a) for a in aug)
+    per_variant = len(grid) + len({repr(sorted(without_augmentation(a).items())) for a in aug}) + 1 - any(
+        not without_augmentation(a) for a in aug)
     bar = tqdm(total=len(sp.archs) * len(sp.stems) * per_variant, desc="sun397 from scratch", unit="run",
                disable=not progress, dynamic_ncols=True)
     for arch in sp.archs:
@@ -78,9 +88,7 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
             def fit(split, hp, seed, arch=arch, stem=stem):
                 inp, _, cfg = transfer_config(params, sp.recipe, **{k: hp[k] for k in ("lr", "weight_decay", "steps")
                                                                    if k in hp})
-                inp = inp.model_copy(update={"mixup": hp.get("mixup", inp.mixup),
-                                             "randaug": randaug_spec(hp["randaug_magnitude"])
-                                             if "randaug_magnitude" in hp else inp.randaug})
+                inp = search_input(inp, hp)
                 dropout = hp.get("dropout", model.dropout)
                 spec = ModelSpec(arch=arch_name(arch), stem=stem, placement=model.placement,
                                  num_classes=task.num_classes, img_size=inp.image_size, in_chans=inp.channels,
@@ -99,6 +107,6 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
             bar.set_postfix(arch=arch, stem=stem)
             out["runs"][f"{arch}_{stem}"] = {"arch": arch, "stem": stem,
                                              "rows": scratch_search(grid, aug, longer, sp.seed, fit, score,
-                                                                                     canonical=canonical)}
+                                                                                     canonical=without_augmentation)}
     bar.close()
     return out

@@ -69,7 +69,10 @@ def vtab_splits(task: VtabTask, source, names=("train800", "val200", "train800va
 
 
 def with_vtab_labels(task: VtabTask, ds):
-    """``ds`` reduced to ``image`` and the task's ``label`` (computed from the raw fields when present)."""
+    """``ds`` reduced to ``image`` and the task's ``label`` (computed from the raw fields when present),
+    its images through the task's pixel rule when it has one (dSprites: 0/1 -> 0/255, RGB)."""
+    import hashlib
+
     import datasets
 
     if "image" not in ds.column_names:
@@ -78,6 +81,12 @@ def with_vtab_labels(task: VtabTask, ds):
     labels = [task.label_of(row) for row in ds.select_columns(other)]
     # in memory, not as cache files next to the source (see vtab_splits)
     ds = ds.select_columns(["image"]).flatten_indices(keep_in_memory=True)
+    if task.pixels is not None:
+        # a fingerprint of the input and the rule (datasets would otherwise hash the closure, or fall back
+        # to a random one: checkpoints keyed by it would never resume)
+        fp = hashlib.sha256(f"{ds._fingerprint}|{task.pixels.__module__}.{task.pixels.__qualname__}".encode())
+        ds = ds.map(lambda ex: {"image": task.pixels(ex["image"])}, keep_in_memory=True,
+                    new_fingerprint=fp.hexdigest()[:16])
     return ds.add_column("label", labels, feature=datasets.Value("int64"))
 
 

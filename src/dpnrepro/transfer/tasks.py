@@ -17,6 +17,10 @@ A task reads a *source* dataset with the splits of its TFDS builder (``train``, 
 * sNORB-Azim / sNORB-Elev (``smallnorb(predicted_attribute=...)``): ``label_azimuth`` (18 classes) and
   ``label_elevation`` (9 classes) as they are.
 
+Pixels: dSprites (TFDS ``dsprites``) stores its 64 × 64 shapes as one channel of 0/1;
+task_adaptation's dsprites tiles it to 3 channels and multiplies by 255 (:func:`dsprites_pixels`). Every
+other task's images reach the model as stored.
+
 A binned label is the largest index ``i`` with ``thresholds[i] < value`` (``tf.reduce_max(tf.where(
 (thrs - dist) < 0))``), so a value equal to a threshold falls into the bin below it.
 
@@ -84,6 +88,18 @@ def grouped(field: str, original: int, classes: int) -> Callable[[dict], int]:
 
     rule.__name__ = f"{field}_in_{classes}"
     return rule
+
+
+def dsprites_pixels(image):
+    """task_adaptation's dSprites image: ``tf.tile(image, [1, 1, 3]) * 255`` (TFDS stores 0/1), as an RGB
+    PIL image. A copy already at 0-255 (a stand-in, or an export that scaled it; any pixel above 1) is
+    only tiled: multiplying it would wrap around in uint8."""
+    from PIL import Image
+
+    arr = np.asarray(image.convert("L") if image.mode != "L" else image)
+    if arr.max() <= 1:
+        arr = arr * np.uint8(255)
+    return Image.fromarray(np.repeat(arr[:, :, None], 3, axis=2), mode="RGB")
 
 
 def attribute(field: str) -> Callable[[dict], int]:
@@ -173,6 +189,7 @@ class VtabTask:
     label: Callable[[dict], int] | None = None  # None: the source's `label`
     raw_fields: tuple[str, ...] = ()             # the fields `label` reads
     reference: str = ""          # task_adaptation's constructor
+    pixels: Callable | None = None               # the task's image preprocessing (PIL -> PIL); None: as stored
 
     def label_of(self, ex: dict) -> int:
         if self.label is None or not all(f in ex for f in self.raw_fields):
@@ -186,8 +203,8 @@ class VtabTask:
         return y
 
 
-def _t(name, group, classes, splits, reference, label=None, raw=()):
-    return VtabTask(name, group, classes, splits, label, tuple(raw), reference)
+def _t(name, group, classes, splits, reference, label=None, raw=(), pixels=None):
+    return VtabTask(name, group, classes, splits, label, tuple(raw), reference, pixels)
 
 
 TASKS: dict[str, VtabTask] = {t.name: t for t in (
@@ -212,10 +229,10 @@ TASKS: dict[str, VtabTask] = {t.name: t for t in (
     _t("DMLab", "structured", 6, _official(), "dmlab"),
     _t("dSpr-Loc", "structured", 16, _three_way(80, 10),
        'dsprites(predicted_attribute="label_x_position",num_classes=16)',
-       grouped("label_x_position", 32, 16), ("label_x_position",)),
+       grouped("label_x_position", 32, 16), ("label_x_position",), dsprites_pixels),
     _t("dSpr-Ori", "structured", 16, _three_way(80, 10),
        'dsprites(predicted_attribute="label_orientation",num_classes=16)',
-       grouped("label_orientation", 40, 16), ("label_orientation",)),
+       grouped("label_orientation", 40, 16), ("label_orientation",), dsprites_pixels),
     _t("KITTI-Dist", "structured", 4, _official(), 'kitti(task="closest_vehicle_distance")',
        kitti_closest_vehicle_distance, ("objects",)),
     _t("sNORB-Azim", "structured", 18, SplitRule(Slice("train"), Slice("test", 0, "50%"), Slice("test", "50%")),

@@ -32,7 +32,8 @@ def task_slug(name: str) -> str:
 def recipe_line(inp, model, train) -> str:
     return (f"{train.optimizer} (lr swept), wd {train.weight_decay:g}, batch {train.batch_size}, {train.steps} steps "
             f"({train.warmup_steps} warm-up, {train.schedule}), clip {train.grad_clip:g}, {train.loss}, "
-            f"{inp.image_size}px {'inception crop' if inp.inception_crop else 'resize'}"
+            f"{inp.image_size}px{' inception crop (train),' if inp.inception_crop else ''} "
+            f"{'whole frame resized (squash)' if inp.squash else 'resize_small | central crop'}"
             f"{', flip' if inp.flip else ''}, head re-initialised (bias {model.head_bias_init:g})")
 
 
