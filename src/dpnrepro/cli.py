@@ -68,15 +68,18 @@ def hardware_label(*, measured_on: bool = False) -> str:
     Results (``measured_on=False``): on CPU the class of machines that give the same bits (architecture,
     pinned kernels, threads; cpu_determinism), not the CPU model, so that committed metrics stay
     byte-identical across machines; on GPU the device model (GPU bits are per model). Timings
-    (``measured_on=True``): the actual CPU model as well.
+    (``measured_on=True``): the actual CPU model as well. Inside a training session
+    (training/distributed.py) the session's device decides, so a CPU run on a GPU machine says CPU.
     """
     import platform
 
     import torch
 
     from dpnrepro.cpu_determinism import describe
+    from dpnrepro.training.distributed import current
 
-    if torch.cuda.is_available():
+    ctx = current()
+    if torch.cuda.is_available() and (ctx is None or ctx.device.type == "cuda"):
         dev = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     elif measured_on:
         dev = f"CPU {cpu_model()}, {torch.get_num_threads()} threads"
