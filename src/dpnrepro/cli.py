@@ -23,7 +23,8 @@ def offline_defaults() -> None:
 
 def stage(main):
     """Decorator for stage entry points: offline, fixed CPU threads (cpu_determinism); a :class:`UserError`
-    becomes ``error: <one line>`` and exit 2."""
+    becomes ``error: <one line>`` and exit 2; in a worker of a multi-process job, a collective broken by
+    another process's death becomes one line and exit 1 (training/launch.py)."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -47,6 +48,15 @@ def stage(main):
                       "free disk space and rerun `dvc repro` (completed checkpoints are kept)", file=sys.stderr)
                 sys.exit(2)
             raise
+        except RuntimeError as exc:
+            from dpnrepro.training.launch import peer_failure
+
+            if not peer_failure(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            print(f"error: rank {os.environ.get('RANK')} stopped: another process of the job failed ({first})",
+                  file=sys.stderr)
+            sys.exit(1)
 
     return wrapper
 
