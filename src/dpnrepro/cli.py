@@ -49,8 +49,6 @@ def stage(main):
                 sys.exit(2)
             raise
         except RuntimeError as exc:
-            from dpnrepro.training.launch import peer_failure
-
             if not peer_failure(exc):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -59,6 +57,27 @@ def stage(main):
             sys.exit(1)
 
     return wrapper
+
+
+# How gloo / NCCL report a peer that went away mid-collective (the peer printed its own error).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "communicator was aborted",
+              "NCCL communicator", "Socket Timeout")
+
+
+def peer_failure(exc: BaseException, env=os.environ) -> bool:
+    """True when ``exc`` in a worker of a multi-process job (training/launch.py) is a collective failing
+    because another process of the job died (that process's own error says why; this one just stops)."""
+    if int(env.get("WORLD_SIZE", "1")) < 2:
+        return False
+    import torch.distributed as dist
+
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError)
+                                               and any(s in str(exc) for s in _PEER_GONE))
+
+
+# The device type of the active training session (training/distributed.py sets it), so that result
+# labels name the device that computed them, not merely one that is present.
+session_device: str | None = None
 
 
 def cpu_model() -> str:
@@ -86,10 +105,8 @@ def hardware_label(*, measured_on: bool = False) -> str:
     import torch
 
     from dpnrepro.cpu_determinism import describe
-    from dpnrepro.training.distributed import current
 
-    ctx = current()
-    if torch.cuda.is_available() and (ctx is None or ctx.device.type == "cuda"):
+    if torch.cuda.is_available() and session_device in (None, "cuda"):
         dev = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     elif measured_on:
         dev = f"CPU {cpu_model()}, {torch.get_num_threads()} threads"

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dpnrepro import cli
 from dpnrepro.errors import CheckpointError, UserError
 
 
@@ -131,10 +132,12 @@ def session(device_name: str = "auto"):
     elif device.type == "cuda":
         torch.cuda.set_device(device)
     _ACTIVE = DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+    cli.session_device = device.type  # result labels name the device that computed them (cli.hardware_label)
     try:
         yield _ACTIVE
     finally:
         _ACTIVE = None
+        cli.session_device = None
         if created and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -47,22 +47,6 @@ def inside_launcher(env=os.environ) -> bool:
     return "WORLD_SIZE" in env
 
 
-# How gloo / NCCL report a peer that went away mid-collective (the peer printed its own error).
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "communicator was aborted",
-              "NCCL communicator", "Socket Timeout")
-
-
-def peer_failure(exc: BaseException, env=os.environ) -> bool:
-    """True when ``exc`` in a worker of a multi-process job is a collective failing because another
-    process of the job died (that process's own error says why; this one should just stop)."""
-    import torch.distributed as dist
-
-    if int(env.get("WORLD_SIZE", "1")) < 2:
-        return False
-    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError)
-                                               and any(s in str(exc) for s in _PEER_GONE))
-
-
 def nproc_per_node(runtime) -> int:
     if runtime.devices % runtime.nodes:
         raise UserError(f"runtime.devices ({runtime.devices}) is not divisible by runtime.nodes ({runtime.nodes}); "
