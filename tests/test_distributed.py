@@ -473,3 +473,22 @@ def test_compiled_ddp_two_processes_match_one_process(project):
     project.clean()
     project.train(procs=2, accum_steps=2, compile=True)
     _assert_same_run(one, project.root / RUN, "compiled DDP, 2 processes x 2 micro-batches")
+
+
+def test_result_label_names_the_device_that_computed(monkeypatch):
+    """On a GPU machine a CPU run (the smoke profile pins train.device: cpu) is labelled CPU, as the
+    committed smoke results are; one stage process keeps one device type for all its runs."""
+    from dpnrepro.cli import hardware_label
+    from dpnrepro.errors import UserError
+    from dpnrepro.training import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "FakeGPU")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert hardware_label().startswith("FakeGPU x1")
+    with distributed.session("cpu"):
+        assert hardware_label().startswith("CPU ")
+        with pytest.raises(UserError, match="one stage process trains on one device type"):
+            with distributed.session("cuda"):
+                pass
+    assert hardware_label().startswith("FakeGPU x1")
