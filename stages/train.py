@@ -5,12 +5,10 @@ run summary); the resumable training state lives in ``checkpoints/<sweep>/...`` 
 output).
 
 The whole sweep (what `dvc repro` runs): ``python stages/train.py --sweep table1``. One run:
-``python stages/train.py --sweep table1 --arch Mu-7 --stem dpn --seed 0``. Several processes (GPUs,
-nodes): the same arguments under torchrun, with ``runtime.devices`` = the total number of processes,
-e.g. ``torchrun --nproc_per_node=8 stages/train.py --sweep table1 --arch B-16 --stem dpn --seed 0`` or,
-on each of M nodes, ``torchrun --nnodes=M --nproc_per_node=8 --rdzv-backend=c10d
---rdzv-endpoint=HOST:29500 --rdzv-id=JOB stages/train.py ...`` (src/dpnrepro/training/distributed.py).
-Rank 0 writes the outputs.
+``python stages/train.py --sweep table1 --arch Mu-7 --stem dpn --seed 0``. With ``runtime.devices`` > 1
+the same command starts torchrun's agent itself and trains on that many processes (GPUs when present),
+over ``runtime.nodes`` nodes (src/dpnrepro/training/launch.py); under a hand-started torchrun it just
+trains. One process group for the whole sweep; rank 0 writes the outputs.
 """
 
 import argparse
@@ -18,7 +16,7 @@ import argparse
 from dpnrepro.cli import stage
 from dpnrepro.config import load_params
 from dpnrepro.errors import ParamsError
-from dpnrepro.training.run import train_run, train_sweep
+from dpnrepro.training.run import sweep_session, train_run, train_sweep
 
 
 @stage
@@ -32,12 +30,13 @@ def main() -> None:
     args = ap.parse_args()
     params = load_params()
     one_run = (args.arch, args.stem, args.seed)
-    if all(v is None for v in one_run):
-        train_sweep(params, args.sweep)
-    elif any(v is None for v in one_run):
+    if any(v is None for v in one_run) and not all(v is None for v in one_run):
         raise ParamsError("give all of --arch, --stem and --seed (one run) or none of them (the whole sweep)")
-    else:
-        train_run(params, sweep=args.sweep, arch=args.arch, stem=args.stem, seed=args.seed, variant=args.variant)
+    with sweep_session(params, args.sweep):  # runtime.devices > 1 outside torchrun: launches, then exits
+        if args.arch is None:
+            train_sweep(params, args.sweep)
+        else:
+            train_run(params, sweep=args.sweep, arch=args.arch, stem=args.stem, seed=args.seed, variant=args.variant)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,20 @@
 """Multi-process training (torchrun, gloo on CPU): same results as one process, exact resume, clear errors.
 
-Real 2-process runs through ``torchrun --standalone --nproc_per_node 2 stages/train.py``. Weights of
-differently split runs agree to float rounding, not bitwise: the gradient of a global batch is summed
-in another order. (The key bias of attention has a zero true gradient, so Adam turns its rounding noise
-into ~1e-6 updates; hence a tolerance on the whole weight vector, not per element.)
+Real 2-process runs: the plain stage command with ``runtime.devices: 2`` (it starts torchrun's agent
+itself, training/launch.py), under ``dvc repro``, on two loopback "nodes", and under a hand-started
+``torchrun``. Weights of differently split runs agree to float rounding, not bitwise: the gradient of a
+global batch is summed in another order. (The key bias of attention has a zero true gradient, so Adam
+turns its rounding noise into ~1e-6 updates; hence a tolerance on the whole weight vector, not per
+element.) The same split is bitwise the same run: 2 processes x 16 == 1 process x 2 micro-batches of 16.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +25,7 @@ import yaml
 from safetensors.torch import load_file
 
 from dpnrepro.config import RuntimeParams
-from helpers import FMNIST, REPO, copy_project, run, stage_env, tiny_params, write_params
+from helpers import FMNIST, REPO, copy_project, git_init, run, stage_env, tiny_params, write_params
 
 TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2"]
@@ -32,7 +37,7 @@ TOL = 1e-5
 needs_fmnist = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist (make env)")
 
 
-RUNTIME_KEYS = {"devices", "accum_steps", "parallel", "compile"}
+RUNTIME_KEYS = {"devices", "nodes", "accum_steps", "parallel", "compile"}
 
 
 def _params(**train) -> dict:
@@ -69,9 +74,10 @@ class Project:
         self.root = root
         self._refs: dict[str, Path] = {}
 
-    def train(self, *, procs: int, env: dict | None = None, check: bool = True, **train):
+    def train(self, *, procs: int, env: dict | None = None, check: bool = True, torchrun: bool = False, **train):
+        """The stage command (it launches ``procs`` processes itself), or under a hand-started torchrun."""
         write_params(self.root, _params(devices=procs, **train))
-        cmd = [*TORCHRUN, *TRAIN] if procs > 1 else [sys.executable, *TRAIN]
+        cmd = [*TORCHRUN, *TRAIN] if torchrun else [sys.executable, *TRAIN]
         if env is None:
             return run(cmd, self.root, check=check)
         return subprocess.run(cmd, cwd=self.root, env={**stage_env(), **env}, capture_output=True, text=True)
@@ -111,7 +117,15 @@ def _assert_same_run(one: Path, other: Path, what: str):
 @needs_fmnist
 def test_two_processes_match_one_process(project):
     one = project.reference("1proc", procs=1)
-    _assert_same_run(one, project.reference("2proc", procs=2), "2 processes x 16")
+    two = project.reference("2proc", procs=2)  # `python stages/train.py` with runtime.devices: 2
+    _assert_same_run(one, two, "2 processes x 16")
+    # the same split of the global batch is the same run, bit for bit: 1 process x 2 micro-batches of 16
+    same_split = project.reference("1proc_accum2", procs=1, accum_steps=2)
+    assert (two / "model.safetensors").read_bytes() == (same_split / "model.safetensors").read_bytes()
+    # a hand-started torchrun runs the same job
+    project.clean()
+    project.train(procs=2, torchrun=True)
+    assert (project.root / RUN / "model.safetensors").read_bytes() == (two / "model.safetensors").read_bytes()
     # rank 0 alone writes: one run directory, one set of logs, one checkpoint
     assert sorted(p.name for p in (project.root / "runs" / "table1").iterdir()) == ["Mu-7_dpn_s0"]
     assert json.loads((project.root / CKPT / "meta.json").read_text())["step"] == 12
@@ -129,7 +143,13 @@ def test_killed_two_process_run_resumes_bit_identical(project):
     reference = project.reference("2proc", procs=2)
     project.clean()
     killed = project.train(procs=2, env={KILL: "4"}, check=False)  # SIGKILL rank 0 after the step-4 checkpoint
-    assert killed.returncode != 0
+    # the agent stops rank 1 and the stage fails in one line (no traceback of the launcher)
+    assert killed.returncode == 2, killed.stderr
+    # every rank stops in one line at most: rank 1 either notices the broken collective first or is stopped
+    errors = re.findall(r"error: [^\n]*", killed.stderr)  # (after rank 0's unfinished progress bar)
+    assert "Traceback" not in killed.stderr and 1 <= len(errors) <= 2, killed.stderr
+    assert errors[-1].startswith("error: rank 0 of the stages/train.py ") and "was killed by SIGKILL" in errors[-1]
+    assert all(e.startswith("error: rank 1 stopped: another process of the job failed") for e in errors[:-1])
     assert json.loads((project.root / CKPT / "meta.json").read_text())["step"] == 4
     assert not (project.root / RUN).exists(), "a killed run must not leave a run directory behind"
     out = project.train(procs=2)
@@ -154,6 +174,104 @@ def test_fsdp_two_processes_resume_and_match_one_process(project):
     ref, resumed = dict(_losses(one)), dict(_losses(project.root / RUN))  # the rerun logs steps 10, 12
     assert sorted(resumed) == [10, 12]
     assert all(abs(ref[s] - v) <= TOL * abs(ref[s]) for s, v in resumed.items()), (ref, resumed)
+
+
+# --- `dvc repro` owns the launch (training/launch.py) ---------------------------------------------------
+
+# Counts process groups: imported at start-up by every worker (first on PYTHONPATH), it logs each
+# init_process_group call with the caller's rank.
+PG_COUNTER = """import os
+if os.environ.get("PG_LOG") and "WORLD_SIZE" in os.environ:
+    import torch.distributed as dist
+    _init = dist.init_process_group
+    def init_process_group(*a, **k):
+        with open(os.environ["PG_LOG"], "a") as f:
+            f.write(os.environ["RANK"] + "\\n")
+        return _init(*a, **k)
+    dist.init_process_group = init_process_group
+"""
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_dvc_repro_spreads_a_sweep_over_runtime_devices(project, tmp_path):
+    """Plain `dvc repro train-table1` with runtime.devices: 2 (nothing run by hand): 2 processes train
+    both runs of the sweep in one process group per process, the lock records the stage command, and
+    the weights are bitwise those of 1 process computing the same split (2 micro-batches of 16)."""
+    root = copy_project(tmp_path / "proj")
+    params = tiny_params(**{"runtime.devices": 2})  # every section: the fingerprints stage reads them all
+    params["table1"] = _params()["table1"]  # the same two runs (dpn, conv) as `project`'s
+    write_params(root, params)
+    git_init(root)
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(PG_COUNTER)
+    env = stage_env()
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path / "hook"), env.get("PYTHONPATH")])),
+               PG_LOG=str(tmp_path / "pg.log"))
+    proc = subprocess.run(["dvc", "repro", "train-table1"], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert sorted((tmp_path / "pg.log").read_text().split()) == ["0", "1"], "one process group per rank per sweep"
+    assert sorted(p.name for p in (root / "runs" / "table1").iterdir()) == ["Mu-7_conv_s0", "Mu-7_dpn_s0"]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]["train-table1"]
+    assert lock["cmd"] == "python stages/train.py --sweep table1"
+    same_split = project.reference("1proc_accum2", procs=1, accum_steps=2)
+    assert (root / RUN / "model.safetensors").read_bytes() == (same_split / "model.safetensors").read_bytes()
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun --nodes=N ... CMD: N copies of CMD on this machine (the "nodes"), as srun starts one per node
+echo "$@" > "$(dirname "$0")/srun.args"
+n=1
+while [[ $1 == --* ]]; do [[ $1 == --nodes=* ]] && n=${1#--nodes=}; shift; done
+pids=()
+for ((i = 0; i < n; i++)); do SLURM_PROCID=$i SLURM_NODEID=$i "$@" & pids+=($!); done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+exit $rc
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_fmnist
+def test_two_node_agents_on_loopback_match_one_node(project, tmp_path):
+    """runtime.nodes: 2 inside a SLURM allocation: the stage srun's itself once per node, each copy
+    runs its node's torchrun agent (1 process), the two meet at torchrun's c10d rendezvous (here on
+    127.0.0.1) and train the run of one node with 2 processes, bit for bit."""
+    two = project.reference("2proc", procs=2)
+    (tmp_path / "bin").mkdir()
+    srun = tmp_path / "bin" / "srun"
+    srun.write_text(FAKE_SRUN)
+    srun.chmod(0o755)
+    env = {"PATH": f"{srun.parent}{os.pathsep}{stage_env()['PATH']}", "SLURM_JOB_ID": "4242",
+           "PET_RDZV_ENDPOINT": f"127.0.0.1:{_free_port()}"}
+    project.clean()
+    out = project.train(procs=2, nodes=2, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "bin" / "srun.args").read_text().split()[:4] == [
+        "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert out.stdout.count("trained table1/Mu-7_dpn_s0") == 1, "rank 0 alone writes"
+    assert (project.root / RUN / "model.safetensors").read_bytes() == (two / "model.safetensors").read_bytes()
+
+
+def test_launch_layouts():
+    from dpnrepro.errors import UserError
+    from dpnrepro.training.launch import torchrun_argv
+
+    assert torchrun_argv(RuntimeParams(devices=1), {}) is None
+    assert torchrun_argv(RuntimeParams(devices=8), {"WORLD_SIZE": "8"}) is None  # inside torchrun: train
+    assert torchrun_argv(RuntimeParams(devices=8), {}) == ["--standalone", "--nnodes", "1", "--nproc-per-node", "8"]
+    assert torchrun_argv(RuntimeParams(devices=16, nodes=2), {"PET_RDZV_ENDPOINT": "n0:29400", "PET_RDZV_ID": "7"}) == [
+        "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint", "n0:29400",
+        "--rdzv-id", "7"]
+    with pytest.raises(UserError, match="set PET_RDZV_ENDPOINT"):
+        torchrun_argv(RuntimeParams(devices=16, nodes=2), {})
+    with pytest.raises(UserError, match=r"runtime.devices \(12\) is not divisible by runtime.nodes \(8\)"):
+        torchrun_argv(RuntimeParams(devices=12, nodes=8), {})
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -355,3 +473,22 @@ def test_compiled_ddp_two_processes_match_one_process(project):
     project.clean()
     project.train(procs=2, accum_steps=2, compile=True)
     _assert_same_run(one, project.root / RUN, "compiled DDP, 2 processes x 2 micro-batches")
+
+
+def test_result_label_names_the_device_that_computed(monkeypatch):
+    """On a GPU machine a CPU run (the smoke profile pins train.device: cpu) is labelled CPU, as the
+    committed smoke results are; one stage process keeps one device type for all its runs."""
+    from dpnrepro.cli import hardware_label
+    from dpnrepro.errors import UserError
+    from dpnrepro.training import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "FakeGPU")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert hardware_label().startswith("FakeGPU x1")
+    with distributed.session("cpu"):
+        assert hardware_label().startswith("CPU ")
+        with pytest.raises(UserError, match="one stage process trains on one device type"):
+            with distributed.session("cuda"):
+                pass
+    assert hardware_label().startswith("FakeGPU x1")

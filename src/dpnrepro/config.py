@@ -166,9 +166,12 @@ class RuntimeParams(_Section):
     log_every: int = Field(10, gt=0, description="dvclive logging cadence (steps)")
     ckpt_every: int = Field(100, gt=0, description="resumable-checkpoint cadence (steps)")
     devices: int = Field(1, gt=0, description=(
-        "expected number of training processes in all (torchrun's WORLD_SIZE = nodes x nproc_per_node); "
-        "checked when training starts. train.batch_size and train.steps stay the global batch and the "
-        "optimizer steps"))
+        "training processes in all (torchrun's WORLD_SIZE = nodes x nproc_per_node): a training stage "
+        "started outside torchrun launches them itself (training/launch.py); checked when training starts. "
+        "train.batch_size and train.steps stay the global batch and the optimizer steps"))
+    nodes: int = Field(1, gt=0, description=(
+        "nodes the devices are spread over (devices / nodes processes per node; rendezvous through torchrun's "
+        "c10d at PET_RDZV_ENDPOINT, or srun inside a SLURM allocation)"))
     accum_steps: int = Field(1, gt=0, description=(
         "gradient-accumulation micro-steps per optimizer step; each process computes "
         "batch_size / (devices x accum_steps) examples per micro-step"))

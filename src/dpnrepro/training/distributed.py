@@ -8,7 +8,9 @@ starts the processes and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and the 
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d \\
              --rdzv-endpoint=HOST:29500 --rdzv-id=JOB stages/train.py ...            # 4 nodes x 8 GPUs
 
-``runtime.devices`` must equal the number of processes (WORLD_SIZE); the recipe's ``train.batch_size``
+A training stage started outside torchrun with ``runtime.devices > 1`` launches these processes itself
+(training/launch.py: ``dvc repro`` owns the launch). ``runtime.devices`` must equal the number of
+processes (WORLD_SIZE); the recipe's ``train.batch_size``
 and ``train.steps`` stay the global batch and the number of optimizer steps whatever the world size;
 each process computes ``batch_size / (world_size * accum_steps)`` examples per micro-step.
 Checkpoints hold full tensors (written by rank 0) and need a filesystem shared by all nodes.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dpnrepro import cli
 from dpnrepro.errors import CheckpointError, UserError
 
 
@@ -111,6 +114,9 @@ def session(device_name: str = "auto"):
     """
     global _ACTIVE
     if _ACTIVE is not None:
+        if resolve_device(device_name, _ACTIVE.local_rank) != _ACTIVE.device:
+            raise UserError(f"train.device {device_name!r} inside a stage that runs on {_ACTIVE.device}: "
+                            "one stage process trains on one device type; set the same train.device for all its runs")
         yield _ACTIVE
         return
     rank, world, local_rank = env_world()
@@ -126,10 +132,12 @@ def session(device_name: str = "auto"):
     elif device.type == "cuda":
         torch.cuda.set_device(device)
     _ACTIVE = DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+    cli.session_device = device.type  # result labels name the device that computed them (cli.hardware_label)
     try:
         yield _ACTIVE
     finally:
         _ACTIVE = None
+        cli.session_device = None
         if created and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -10,9 +10,9 @@ from dpnrepro.config import SWEEPS, Params, arch_name, get_sweep, sweep_config
 from dpnrepro.data.loader import load_split
 from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
 from dpnrepro.data.prepare import load_manifest, prepared_dir
-from dpnrepro.errors import DatasetError
+from dpnrepro.errors import DatasetError, ParamsError
 from dpnrepro.io import atomic_dir
-from dpnrepro.training import determinism, distributed
+from dpnrepro.training import determinism, distributed, launch
 from dpnrepro.training.finetune import pretrained_init
 from dpnrepro.training.trainer import train_classifier
 
@@ -37,10 +37,21 @@ def sweep_runs(params: Params, sweep: str) -> list[tuple[str, str, int, str]]:
             for stem in sw.stems for seed in sw.seeds]
 
 
+def sweep_session(params: Params, sweep: str):
+    """The launch and the one process group of a ``train-<sweep>`` stage process (launch.stage_session):
+    started outside torchrun with ``runtime.devices > 1`` it starts the job's processes and exits;
+    in each of them (or in the only process) it yields the context every run of the sweep shares."""
+    cfgs = [sweep_config(params, sweep, a, v) for a, _, _, v in sweep_runs(params, sweep)]
+    if not cfgs:
+        raise ParamsError(f"sweep {sweep!r} has no runs (archs x stems x seeds is empty)")
+    return launch.stage_session(cfgs[0].runtime, params.train.device, any(c.train.deterministic for c in cfgs))
+
+
 def train_sweep(params: Params, sweep: str, *, progress: bool = True) -> list[Path]:
     """Train every run of ``sweep`` in this process (the DVC stage ``train@<sweep>``).
 
-    One process for the whole sweep instead of one per run: the stage pays Python's start-up once.
+    One process for the whole sweep instead of one per run: the stage pays Python's start-up once
+    (and, under torchrun, sets up the process group once: :func:`sweep_session`).
     A run whose checkpoint is complete for the same fingerprint is restored, not retrained, so adding
     a seed to a sweep trains only the new run.
     """
@@ -53,7 +64,7 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, va
     """Train one (arch, stem, seed[, variant]) of ``sweep`` and write its run directory; returns its path.
 
     Under ``torchrun`` every process trains; rank 0 alone writes the run directory (and logs), the
-    others wait for it at a barrier.
+    others wait for it at a barrier. Inside :func:`sweep_session` it uses that process group.
     """
     # Before the process group exists: strict determinism also makes torch pick deterministic NCCL
     # reductions (no NVLS) when the group is created (training/determinism.py).
