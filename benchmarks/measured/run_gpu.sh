@@ -9,10 +9,10 @@
 #   bash benchmarks/measured/run_gpu.sh tests step loop       # some phases
 #   DRY_RUN=1 bash benchmarks/measured/run_gpu.sh             # CPU: tiny sizes, checks the plumbing (tests/)
 #
-# phases: env tests step loop profile mini collect. `collect` (python -m dpnrepro.benchmarks.gpu_measured
-# collect RES) writes benchmarks/measured/{h100_train_throughput,gpu_throughput_summary}.json,
-# benchmarks/measured/gpu_validation.json and reports/benchmarks_gpu.md (plain files, not DVC outputs: no CI
-# machine has a GPU). Needs the project's packages (pydantic, datasets, dvc, dvclive) importable: on a bare
+# phases: env tests step loop profile mini collect. `collect` (python -m dpnrepro.benchmarks.gpu_validation
+# collect RES) writes benchmarks/measured/gpu_validation.json and reports/gpu_validation.md (plain files, not
+# DVC outputs: no CI machine has a GPU). The earlier throughput matrix (every arch x stem, eager/compiled) is
+# `python -m dpnrepro.benchmarks.gpu_measured` (reports/benchmarks_gpu.md). Needs the project's packages (pydantic, datasets, dvc, dvclive) importable: on a bare
 # GPU image put their wheels in .whl/ and run `bash benchmarks/measured/run_gpu.sh env` first.
 set -u -o pipefail
 RES=${RES:-/tmp/gpu_validation}
@@ -78,7 +78,7 @@ PY
 }
 
 phase_step() {  # the step on a fixed on-device batch: eager / compiled / compiled + CUDA graphs, and a Ti/16 batch sweep
-  local common="--device $DEV --no-progress --seed 0 --warmup-steps 3 --no-timm-reference"
+  local common="--device $DEV --no-progress --seed 0 --warmup-steps 3 --no-timm-reference --img-size 224"
   local r=12 s=5 b=256 bt=256
   [ "$DRY" = 1 ] && { r=6; s=1; b=4; bt=4; common="$common --img-size 32 --archs Mu-4"; }
   bench() { local name=$1; shift; job "$name" $PY stages/benchmark.py $common "$@" --out-json "$RES/$name.json" --out-md "$RES/$name.md"; }
@@ -119,8 +119,10 @@ phase_mini() {  # the mini profile's table1 sweep through dvc repro (resumable: 
   [ "$DRY" = 1 ] && return
   if [ -s "$RES/mini_table1.json" ]; then echo "== mini: done before"; return; fi
   [ -d .git ] || { git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "gpu run" ; }
-  # the mini profile, with this machine's loader workers (runtime.* is tracked by no stage)
-  sed "s/^  workers: 4\$/  workers: $(( CPUS > 2 ? CPUS - 2 : 1 ))/" profiles/mini.yaml > params.yaml
+  # the mini profile, with this machine's loader workers and the Mu step compiled and replayed as CUDA graphs
+  # (host-bound eager: reports/gpu_validation.md); runtime.* is tracked by no stage
+  sed -e "s/^  workers: 4\$/  workers: $(( CPUS > 2 ? CPUS - 2 : 1 ))\n  compile: true\n  cudagraphs: true/" \
+    profiles/mini.yaml > params.yaml
   rm -f .dvc/tmp/rwlock .dvc/tmp/lock  # a previous call's repro stopped at its time budget
   local t=$(date +%s)
   PATH=$(dirname "$(command -v $PY)"):$PATH timeout --signal=INT "${MINI_BUDGET_S:-100000}" $PY -m dvc repro table1 2>&1 \
@@ -138,7 +140,7 @@ PY
   fi
 }
 
-phase_collect() { $PY -m dpnrepro.benchmarks.gpu_measured collect "$RES"; }
+phase_collect() { $PY -m dpnrepro.benchmarks.gpu_validation collect "$RES"; }
 
 phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests step loop profile mini collect)
 for p in "${phases[@]}"; do
