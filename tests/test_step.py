@@ -115,7 +115,7 @@ def test_fused_adamw_takes_the_for_each_step_to_rounding():
 def test_sampler_reads_each_epoch_permutation_once_and_gives_the_same_batches():
     from dpnrepro.data.loader import StepBatchSampler, _mix
 
-    s = StepBatchSampler(50, 8, seed=3, start_step=0, total_steps=20)
+    s = StepBatchSampler(50, 8, seed=3, start_step=0, total_steps=24)
     calls = []
     real = torch.randperm
 
@@ -125,10 +125,10 @@ def test_sampler_reads_each_epoch_permutation_once_and_gives_the_same_batches():
 
     torch.randperm = counting
     try:
-        batches = [s.batch_for_step(step) for step in range(18)]  # 6 steps an epoch: 3 epochs
+        batches = [s.batch_for_step(step) for step in range(24)]  # 6 steps an epoch: 4 epochs
     finally:
         torch.randperm = real
-    assert len(calls) == 3
+    assert len(calls) == 4  # the next epoch's is prefetched, and only while the run reaches it
     for step, batch in enumerate(batches):  # the definition: positions of the epoch's seeded permutation
         epoch, pos = divmod(step, s.steps_per_epoch)
         perm = torch.randperm(50, generator=torch.Generator().manual_seed(_mix(3, epoch)))

@@ -7,8 +7,10 @@ ImageNet evaluation), or with ``input.squash`` the whole frame resized to ``S x 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dpnrepro.errors import DatasetError, UserError
@@ -98,13 +100,52 @@ def load_split(prepared_dir: str | Path, split: str):
     return datasets.load_from_disk(str(path))
 
 
+_MIX_SEED, _MIX_MUL, _U64 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0xFFFFFFFFFFFFFFFF
+
+
 def _mix(*ints: int) -> int:
     """A stable 63-bit hash of a few integers (seeds per epoch / per sample)."""
-    h = 0x9E3779B97F4A7C15
+    h = _MIX_SEED
     for v in ints:
-        h = ((h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h = ((h ^ (v & _U64)) * _MIX_MUL) & _U64
         h ^= h >> 31
     return h & 0x7FFFFFFFFFFFFFFF
+
+
+def _mix_last(prefix: tuple[int, ...], last: np.ndarray) -> list[int]:
+    """``[_mix(*prefix, v) for v in last]`` (``last`` non-negative), the last round vectorised in uint64."""
+    h = _MIX_SEED
+    for v in prefix:
+        h = ((h ^ (v & _U64)) * _MIX_MUL) & _U64
+        h ^= h >> 31
+    x = (np.uint64(h) ^ last.astype(np.uint64)) * np.uint64(_MIX_MUL)  # wraps mod 2**64, as `& _U64`
+    x ^= x >> np.uint64(31)
+    return (x & np.uint64(0x7FFFFFFFFFFFFFFF)).tolist()
+
+
+class _Prefetch:
+    """A value computed on a background thread; :meth:`result` waits for it, or computes it here when
+    the thread is gone (a forked child)."""
+
+    def __init__(self, fn):
+        self._fn, self._value = fn, None
+        # not a daemon: the interpreter waits for it at exit (a daemon inside a torch op aborts the process)
+        self._thread = threading.Thread(target=self._run, name="dpnrepro-epoch-perm")
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._value = self._fn()
+
+    def result(self):
+        self._thread.join()
+        return self._fn() if self._value is None else self._value
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """Epoch ``epoch``'s order of the ``n`` examples: ``torch.randperm`` seeded by ``(seed, epoch)``
+    (int32 when it fits: the same values in half the memory)."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(_mix(seed, epoch)))
+    return perm.to(torch.int32) if n < 2**31 else perm
 
 
 class StepBatchSampler(torch.utils.data.Sampler):
@@ -117,6 +158,10 @@ class StepBatchSampler(torch.utils.data.Sampler):
     takes its contiguous slice of the global batch. With ``repeats`` r > 1 (DeiT's repeated
     augmentation) a batch holds ceil(B/r) distinct images, each r times (the last possibly fewer), every
     copy with its own augmentation seed.
+
+    Work per step is O(this rank's batch): only its positions are read and hashed. The O(n) permutation
+    of an epoch is computed once, the next epoch's on a background thread while this one is read, so
+    the step that crosses an epoch does not wait for it.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, start_step: int, total_steps: int,
@@ -130,24 +175,37 @@ class StepBatchSampler(torch.utils.data.Sampler):
         self.rank, self.world_size = rank, world_size
         self.repeats, self.distinct = repeats, distinct
         self.steps_per_epoch = n // distinct
-        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation): O(n) once per epoch
+        self._perms: dict[int, _Prefetch | torch.Tensor] = {}  # this epoch's permutation and the next's
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_perms": {}}  # threads do not pickle; permutations are recomputed
 
     def _epoch_perm(self, epoch: int) -> torch.Tensor:
-        if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, torch.randperm(self.n, generator=torch.Generator().manual_seed(_mix(self.seed, epoch))))
-        return self._perm[1]
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = epoch_permutation(self.n, self.seed, epoch)
+        elif isinstance(perm, _Prefetch):
+            perm = perm.result()
+        nxt = self._perms.get(epoch + 1)
+        if nxt is None and (epoch + 1) * self.steps_per_epoch < self.total_steps:  # the run reaches it
+            nxt = _Prefetch(lambda: epoch_permutation(self.n, self.seed, epoch + 1))
+        self._perms = {epoch: perm} if nxt is None else {epoch: perm, epoch + 1: nxt}
+        return perm
 
     def __len__(self) -> int:
         return self.total_steps - self.start_step
 
-    def batch_for_step(self, step: int) -> list[tuple[int, int]]:
+    def entries(self, step: int, positions: np.ndarray) -> list[tuple[int, int]]:
+        """``(example index, augmentation seed)`` at ``positions`` of step ``step``'s global batch."""
         epoch, pos = divmod(step, self.steps_per_epoch)
         perm = self._epoch_perm(epoch)
-        idx = [i for i in perm[pos * self.distinct : (pos + 1) * self.distinct].tolist()
-               for _ in range(self.repeats)][: self.batch_size]
+        idx = perm[torch.from_numpy(pos * self.distinct + positions // self.repeats)].tolist()
+        return list(zip(idx, _mix_last((self.seed, step), positions)))
+
+    def batch_for_step(self, step: int) -> list[tuple[int, int]]:
         per_rank = self.batch_size // self.world_size
         lo = self.rank * per_rank
-        return [(i, _mix(self.seed, step, j)) for j, i in enumerate(idx[lo : lo + per_rank], start=lo)]
+        return self.entries(step, np.arange(lo, lo + per_rank, dtype=np.int64))
 
     def __iter__(self):
         for step in range(self.start_step, self.total_steps):
@@ -166,8 +224,6 @@ class HaloBatchSampler(StepBatchSampler):
                  rank: int = 0, world_size: int = 1, repeats: int = 1):
         super().__init__(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
                          rank=rank, world_size=world_size, repeats=repeats)
-        self._global = StepBatchSampler(n, batch_size, seed=seed, start_step=start_step, total_steps=total_steps,
-                                        repeats=repeats)
         # The partner is `repeats` places back. big_vision rolls by one, but with repeated augmentation
         # the copies of an image are adjacent, so a roll by one would mix r-1 of every r examples with
         # another view of their own image (same label: no label mixing at all). Rolling by r pairs copy
@@ -179,10 +235,9 @@ class HaloBatchSampler(StepBatchSampler):
         self.halo = repeats
 
     def batch_for_step(self, step: int) -> list[tuple[int, int]]:
-        full = self._global.batch_for_step(step)
         per_rank = self.batch_size // self.world_size
         lo = self.rank * per_rank
-        return [full[j % self.batch_size] for j in range(lo - self.halo, lo)] + full[lo : lo + per_rank]
+        return self.entries(step, np.arange(lo - self.halo, lo + per_rank, dtype=np.int64) % self.batch_size)
 
 
 def multi_hot(ids, num_classes: int) -> torch.Tensor:
