@@ -483,7 +483,7 @@ def test_table7_step_1_trains_without_randaugment_and_mixup(profile, monkeypatch
 
     monkeypatch.setattr(scratch, "load_source", lambda fmt, source: None)
     monkeypatch.setattr(scratch, "vtab_splits", lambda task, source, names: {n: Split() for n in names})
-    monkeypatch.setattr(scratch, "DecodedSplit", lambda ds: ds)
+    monkeypatch.setattr(scratch, "decoded_if_small", lambda ds: ds)
     monkeypatch.setattr("dpnrepro.training.trainer.train_classifier", train)
     monkeypatch.setattr("dpnrepro.evaluation.classification.evaluate_top1",
                         lambda model, ds, cfg, **kw: {"top1": float(model)})
@@ -511,3 +511,21 @@ def test_table7_recipe_setting_the_searched_augmentation_is_an_error():
     sp["recipe"]["input"]["mixup"] = 0.5
     with pytest.raises(ValidationError, match="the search does"):
         ScratchParams.model_validate(sp)
+
+
+def test_a_split_is_decoded_into_memory_only_within_the_budget():
+    import datasets
+    from PIL import Image
+
+    from dpnrepro.transfer.sources import DecodedSplit, decoded_if_small
+
+    imgs = [Image.new("RGB", (8, 4), (i, 0, 0)) for i in range(10)]  # 96 bytes of pixels each
+    ds = datasets.Dataset.from_dict({"image": imgs, "label": list(range(10))},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "label": datasets.Value("int64")}))
+    small = decoded_if_small(ds, budget=960)
+    assert isinstance(small, DecodedSplit) and small._fingerprint == ds._fingerprint
+    assert [small[i]["label"] for i in range(10)] == list(range(10))
+    assert [small[i]["image"].getpixel((0, 0)) for i in range(10)] == [ds[i]["image"].getpixel((0, 0))
+                                                                        for i in range(10)]
+    assert decoded_if_small(ds, budget=959) is ds  # one byte short: read row by row, nothing kept

@@ -306,30 +306,10 @@ def eval_loader(ds, transform, batch_size: int, workers: int = 0):
     )
 
 
-_EVAL_BATCHES: dict = {}
-_EVAL_BATCHES_KEEP = 4
-
-
 def eval_batches(ds, input_cfg: dict, batch_size: int):
-    """The evaluation batches ``(images, targets)`` of ``ds`` with the eval preprocessing of ``input_cfg``.
-
-    Every run of an evaluate stage is scored on the same splits, and the eval preprocessing is
-    deterministic, so a split is decoded and transformed once per process and its batches reused:
-    the same tensors, in the same batches, as a fresh loader gives (the batch size is part of the key:
-    batch composition can change a result's last bits). Splits without a content fingerprint (not a
-    prepared ``datasets`` split) are not cached. The last few keys are kept.
-    """
-    import json
-
-    workers = input_cfg.get("workers", 0)
-    fingerprint = getattr(ds, "_fingerprint", None)
-    loader = eval_loader(ds, build_transform(input_cfg, train=False), batch_size, workers)
-    if fingerprint is None:
-        return loader
-    cfg = {k: v for k, v in input_cfg.items() if k != "workers"}
-    key = (fingerprint, len(ds), json.dumps(cfg, sort_keys=True, default=str), batch_size)
-    if key not in _EVAL_BATCHES:
-        while len(_EVAL_BATCHES) >= _EVAL_BATCHES_KEEP:
-            _EVAL_BATCHES.pop(next(iter(_EVAL_BATCHES)))
-        _EVAL_BATCHES[key] = [(x, y) for x, y in loader]
-    return _EVAL_BATCHES[key]
+    """The evaluation batches ``(images, targets)`` of ``ds`` with the eval preprocessing of ``input_cfg``,
+    streamed: each batch is decoded and transformed when it is consumed (``input_cfg["workers"]``, from
+    ``runtime.workers``, loader processes decode ahead) and nothing of the split is kept, so host memory
+    does not grow with the split. The batches are those of one sequential pass, in order, whatever the
+    number of workers. Evaluators that need the whole split keep only its features or logits."""
+    return eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))

@@ -18,7 +18,7 @@ from dpnrepro.artifacts import ModelSpec
 from dpnrepro.config import Params, arch_name, transfer_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import scratch_search
-from dpnrepro.transfer.sources import DecodedSplit, load_source, vtab_splits
+from dpnrepro.transfer.sources import decoded_if_small, load_source, vtab_splits
 from dpnrepro.transfer.tasks import get_task
 
 CKPT_ROOT = Path("checkpoints") / "sun397_scratch"
@@ -68,7 +68,8 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
     if sp is None:
         raise ParamsError("params.yaml has no `sun397_scratch` section (Table 7)")
     task = get_task(TASK)
-    splits = {k: DecodedSplit(v) for k, v in
+    # train and val (read by every candidate) in memory when they fit; test, scored once per step, streamed
+    splits = {k: v if k == "test" else decoded_if_small(v) for k, v in
               vtab_splits(task, load_source(sp.data.format, sp.data.source), names=("train", "val", "test")).items()}
     inp0, model, train0 = transfer_config(params, sp.recipe)
     runtime = params.runtime

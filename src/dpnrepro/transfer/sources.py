@@ -90,23 +90,45 @@ def with_vtab_labels(task: VtabTask, ds):
     return ds.add_column("label", labels, feature=datasets.Value("int64"))
 
 
+DECODE_BUDGET_BYTES = 1 << 30  # pixels a split may hold in memory (decoded_if_small)
+
+
 class DecodedSplit:
     """A split decoded once into memory (PIL images, labels), read by index like a ``datasets`` split.
 
     The protocols train and score dozens of models on the same few thousand images; decoding a
     ``datasets`` row per access was most of a smoke fine-tune's time. Same images, same fingerprint, so
-    results and resumable checkpoints are those of the ``datasets`` split.
+    results and resumable checkpoints are those of the ``datasets`` split. Built through
+    :func:`decoded_if_small`, which bounds its memory.
     """
 
     column_names = ["image", "label"]
 
-    def __init__(self, ds):
+    def __init__(self, ds, budget: int | None = None):
+        """Decode ``ds`` in chunks; :class:`MemoryError` as soon as its pixels pass ``budget`` bytes."""
         self._fingerprint = ds._fingerprint
-        self.images = list(ds["image"])
-        self.labels = [int(y) for y in ds["label"]]
+        self.images, self.labels, size = [], [], 0
+        for chunk in ds.iter(batch_size=256):
+            for im in chunk["image"]:
+                size += im.width * im.height * len(im.getbands())
+                if budget is not None and size > budget:
+                    raise MemoryError(f"split holds more than {budget} bytes of pixels")
+                self.images.append(im)
+            self.labels += [int(y) for y in chunk["label"]]
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int) -> dict:
         return {"image": self.images[i], "label": self.labels[i]}
+
+
+def decoded_if_small(ds, budget: int = DECODE_BUDGET_BYTES):
+    """``ds`` decoded into memory (:class:`DecodedSplit`) when its pixels fit in ``budget`` bytes, else
+    ``ds`` itself, read row by row: the same images either way (so the same results), and host memory
+    bounded whatever the split's size. For splits read many times (training, model selection); a split
+    scored once per model (``test``) is streamed as it is."""
+    try:
+        return DecodedSplit(ds, budget)
+    except MemoryError:
+        return ds

@@ -19,7 +19,7 @@ from dpnrepro.artifacts import read_spec, run_dir
 from dpnrepro.config import VTAB_INIT_SWEEP, Params, RuntimeParams, vtab_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import vtab_protocol
-from dpnrepro.transfer.sources import DecodedSplit, load_source, vtab_splits
+from dpnrepro.transfer.sources import decoded_if_small, load_source, vtab_splits
 from dpnrepro.transfer.tasks import get_task
 
 CKPT_ROOT = Path("checkpoints") / "vtab"
@@ -62,8 +62,10 @@ def run_vtab(params: Params, *, progress: bool = True) -> dict:
                desc="vtab fine-tunes", unit="run", disable=not progress, dynamic_ncols=True)
     for name, task in tasks.items():
         src = vp.tasks[name]
-        splits = {k: DecodedSplit(v) for k, v in vtab_splits(task, load_source(src.format, src.source)).items()}
-        test_labels = np.bincount(splits["test"].labels, minlength=task.num_classes)
+        # the fine-tune splits (at most 1000 examples) in memory; test, scored once per model, streamed
+        splits = {k: v if k == "test" else decoded_if_small(v)
+                  for k, v in vtab_splits(task, load_source(src.format, src.source)).items()}
+        test_labels = np.bincount(splits["test"]["label"], minlength=task.num_classes)
         entry = {"group": task.group, "num_classes": task.num_classes, "reference": task.reference,
                  "stand_in": src.stand_in, "examples": {k: len(v) for k, v in splits.items()},
                  "classes_in_test": int((test_labels > 0).sum()),

@@ -1,0 +1,219 @@
+"""Peak host memory of evaluation on a split and on the same kind of split ``k`` times larger (issue 19).
+
+What one measurement runs, in a fresh process (so its peak RSS is evaluation's, not the caller's): the
+smoke profile's evaluation of one run, as the ``evaluate-*`` stages do it — top-1 on ``minival`` and
+``val`` (:func:`dpnrepro.evaluation.classification.evaluate_run`) and big_vision's few-shot probe on
+``train`` → ``val`` (:func:`dpnrepro.evaluation.fewshot.evaluate_fewshot_run`, the 21k sweeps' shots,
+draws, pool and resize) — on a prepared-like data directory of real Fashion-MNIST images (Debian's idx
+files, PNG-encoded as the smoke ``imagefolder`` export stores them). Scale 1 has the smoke split sizes
+(train 4950, minival 50, val 1000); scale ``k`` has ``k`` times as many images of each split (Fashion-MNIST
+holds 60,000 + 10,000: up to ``k = 10``). The model is the smoke arch (Mu/7, DPN stem) at ``image_size``
+with seeded random weights: memory does not depend on what the weights are.
+
+The peak is the process's ``ru_maxrss`` (``getrusage(RUSAGE_SELF)``) at the end, with one thread and
+no loader workers; the RSS after imports and model load (``baseline``) is recorded next to it, so the
+part evaluation adds is visible. ``ru_maxrss`` counts the memory-mapped Arrow pages evaluation touches
+too (file-backed, reclaimable: a larger split's are more of them).
+
+    python -m dpnrepro.benchmarks.eval_memory --image-size 28 56 --scales 1 10 --out reports/eval_memory.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dpnrepro.errors import UserError
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+SMOKE_SIZES = {"train": 4950, "minival": 50, "val": 1000}
+SOURCE_SPLIT = {"train": "train", "minival": "train", "val": "test"}  # minival: the train images after train's
+FEWSHOT_SWEEP = "i21k_93k"
+MMAP_THRESHOLD = 128 * 1024  # glibc's initial default, kept fixed
+
+
+def build_prepared(out: Path, scale: int, source: Path = FMNIST) -> dict:
+    """A prepared-like directory (``datasets`` splits of PNG images + labels) at ``scale`` x the smoke sizes."""
+    import io
+
+    import datasets
+    from PIL import Image
+
+    from dpnrepro.data.sources import load_idx
+
+    sizes = {k: v * scale for k, v in SMOKE_SIZES.items()}
+    arrays = {s: load_idx(source, s) for s in ("train", "test")}
+    if sizes["train"] + sizes["minival"] > len(arrays["train"][0]) or sizes["val"] > len(arrays["test"][0]):
+        raise UserError(f"scale {scale} needs more images than {source} holds (60,000 train, 10,000 test)")
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
+    start = {"train": 0, "minival": sizes["train"], "val": 0}
+    for split, n in sizes.items():
+        images, labels = arrays[SOURCE_SPLIT[split]]
+        rows = range(start[split], start[split] + n)
+
+        def png(i):
+            buf = io.BytesIO()
+            Image.fromarray(images[i], mode="L").save(buf, format="PNG")
+            return {"bytes": buf.getvalue(), "path": None}
+
+        ds = datasets.Dataset.from_dict({"image": [png(i) for i in rows], "label": [int(labels[i]) for i in rows]},
+                                        features=features)
+        ds.save_to_disk(str(out / split))
+    return sizes
+
+
+def build_run(out: Path, image_size: int, profile: str = "params.yaml") -> Path:
+    """A run directory (spec + safetensors) of the smoke arch at ``image_size``, seeded random weights."""
+    from dataclasses import replace
+
+    import torch
+
+    from dpnrepro.artifacts import write_run
+    from dpnrepro.config import get_sweep, load_params
+    from dpnrepro.training.run import model_spec
+
+    params = load_params(profile)
+    arch = get_sweep(params, "table1").archs[0]
+    spec = replace(model_spec(params, arch, "dpn"), img_size=image_size)
+    torch.manual_seed(0)
+    model = spec.build()
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"arch": arch, "stem": "dpn", "seed": 0, "hardware": "cpu",
+               "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    write_run(out, model, spec, {}, summary)
+    return out
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "params.yaml") -> dict:
+    """Run the evaluation path in this process; its peak and baseline RSS (KiB) and its results."""
+    import resource
+
+    import torch
+
+    from dpnrepro.artifacts import load_run_model
+    from dpnrepro.config import get_sweep, load_params, sweep_config
+    from dpnrepro.evaluation.classification import evaluate_run
+    from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
+
+    torch.set_num_threads(1)
+    params = load_params(profile)
+    arch = get_sweep(params, "table1").archs[0]
+    cfg = sweep_config(params, "table1", arch)
+    input_cfg = {**cfg.input.model_dump(), "image_size": image_size, "workers": 0}
+    fs = get_sweep(params, FEWSHOT_SWEEP).fewshot
+    resize = -(-fs.resize * image_size // cfg.input.image_size)  # the smoke ratio, 32 / 28
+    load_run_model(run)  # imports and first allocations before the baseline
+    baseline = _rss_kb()
+    kw = dict(batch_size=cfg.runtime.eval_batch_size, device="cpu", progress=False)
+    top1 = evaluate_run(run, prepared, input_cfg, **kw)
+    few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
+                               train_split=fs.train_split, test_split=fs.test_split, resize=resize,
+                               pool_size=fs.pool_size, **kw)
+    return {"peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "baseline_rss_kb": baseline,
+            "val_examples": top1["val_examples"], "minival_examples": top1["minival_examples"],
+            "fewshot_test_examples": few["fewshot_test_examples"], "fewshot_train_pool": few["fewshot_train_pool"],
+            "batch_size": kw["batch_size"]}
+
+
+def measure(image_size: int, scales=(1, 10), *, mmap_threshold: int | None = None, repeats: int = 1,
+            root: Path | None = None, profile: str = "params.yaml") -> dict:
+    """``{scale: measurement}``: ``repeats`` fresh single-threaded processes per scale, on one shared run;
+    ``peak_rss_kb`` is the lowest of their peaks (all in ``peak_rss_kb_runs``: identical runs differ by
+    up to ~90 MiB here, transient spikes), so a split kept in memory, which every run holds, still shows.
+
+    ``mmap_threshold`` (bytes): glibc's ``MALLOC_MMAP_THRESHOLD_`` for the process. glibc's default raises
+    the threshold as large blocks are freed, so batch-sized buffers then come from the heap, whose
+    fragmentation lets RSS creep up by tens of MiB over more batches without anything being kept; a fixed
+    threshold returns every batch's buffers to the system when they are freed, which is what isolates
+    memory evaluation keeps."""
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        tmp = Path(tmp)
+        run = build_run(tmp / "run", image_size, profile)
+        out = {}
+        for scale in scales:
+            sizes = build_prepared(tmp / f"x{scale}", scale)
+            env = dict(os.environ, DPNREPRO_CPU_THREADS="1", OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1",
+                       HF_HUB_OFFLINE="1")
+            if mmap_threshold is not None:
+                env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
+            runs = []
+            for _ in range(repeats):
+                proc = subprocess.run([sys.executable, "-m", "dpnrepro.benchmarks.eval_memory", "--child",
+                                       str(tmp / f"x{scale}"), str(run), str(image_size), profile],
+                                      capture_output=True, text=True, env=env)
+                if proc.returncode:
+                    raise RuntimeError(f"evaluation at scale {scale} failed:\n{proc.stderr[-3000:]}")
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            best = min(runs, key=lambda m: m["peak_rss_kb"])
+            out[scale] = {"split_sizes": sizes, "mmap_threshold": mmap_threshold, **best,
+                          "peak_rss_kb_runs": [m["peak_rss_kb"] for m in runs]}
+        return out
+
+
+def render(results: list[dict], machine: str) -> str:
+    """The markdown report of :func:`measure` results (``[{"image_size", "code", "scales": measure(...)}]``)."""
+    lines = ["# Evaluation memory (issue 19)", "",
+             "Peak RSS of the smoke profile's evaluation of one run (top-1 on minival and val, 25-shot probe on "
+             "train → val, the few-shot pool fixed at the profile's 650) on real Fashion-MNIST splits at the smoke "
+             "sizes (scale 1) and 10× larger, each in a fresh single-threaded process without loader workers "
+             "(`python -m dpnrepro.benchmarks.eval_memory`; how it measures: the module's docstring). Baseline = RSS "
+             "after imports and model load. Allocator: glibc's default, or a fixed `MALLOC_MMAP_THRESHOLD_` "
+             f"(see `measure`). Machine: {machine}. Each row: the lowest peak of its runs (all listed).", "",
+             "| code | image size | allocator | scale | val / minival / train images | peak RSS (MiB), lowest | "
+             "baseline (MiB) | added by evaluation (MiB) | peak / scale-1 peak |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        by_scale = r["scales"]
+        ref = by_scale[min(by_scale)]["peak_rss_kb"]
+        for scale, m in by_scale.items():
+            s = m["split_sizes"]
+            alloc = "default" if m["mmap_threshold"] is None else f"mmap ≥ {m['mmap_threshold'] // 1024} KiB"
+            lines.append(f"| {r['code']} | {r['image_size']} px | {alloc} | {scale}× | {s['val']:,} / {s['minival']:,} / "
+                         f"{s['train']:,} | {m['peak_rss_kb'] / 1024:.0f} ({', '.join(f'{v / 1024:.0f}' for v in m['peak_rss_kb_runs'])}) | "
+                         f"{m['baseline_rss_kb'] / 1024:.0f} | "
+                         f"{(m['peak_rss_kb'] - m['baseline_rss_kb']) / 1024:.0f} | {m['peak_rss_kb'] / ref:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", nargs=4, metavar=("PREPARED", "RUN", "IMAGE_SIZE", "PROFILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--image-size", type=int, nargs="+", default=[28])
+    ap.add_argument("--scales", type=int, nargs="+", default=[1, 10])
+    ap.add_argument("--machine", default="2-core AMD EPYC VM, shared with other work")
+    ap.add_argument("--allocator", nargs="+", choices=["default", "fixed"], default=["default", "fixed"])
+    ap.add_argument("--repeats", type=int, default=2, help="processes per scale (the lowest peak counts)")
+    ap.add_argument("--code", default="streamed", help="label of the code measured (the report's first column)")
+    ap.add_argument("--out", type=Path, help="markdown report")
+    ap.add_argument("--json", type=Path, help="raw measurements")
+    args = ap.parse_args(argv)
+    if args.child:
+        prepared, run, size, profile = args.child
+        print(json.dumps(evaluate_once(Path(prepared), Path(run), int(size), profile)))
+        return
+    results = [{"image_size": size, "code": args.code,
+                "scales": measure(size, args.scales, mmap_threshold=t, repeats=args.repeats)}
+               for size in args.image_size for t in [{"default": None, "fixed": MMAP_THRESHOLD}[a] for a in args.allocator]]
+    text = render(results, args.machine)
+    print(text)
+    if args.json:
+        from dpnrepro.io import write_json_atomic
+
+        write_json_atomic(args.json, {"machine": args.machine, "results": results})
+    if args.out:
+        from dpnrepro.io import write_text_atomic
+
+        write_text_atomic(args.out, text)
+
+
+if __name__ == "__main__":
+    main()
