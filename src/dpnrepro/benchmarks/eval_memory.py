@@ -10,9 +10,9 @@ files, PNG-encoded as the smoke ``imagefolder`` export stores them). Scale 1 has
 holds 60,000 + 10,000: up to ``k = 10``). The model is the smoke arch (Mu/7, DPN stem) at ``image_size``
 with seeded random weights: memory does not depend on what the weights are.
 
-The peak is the process's ``ru_maxrss`` (``getrusage(RUSAGE_SELF)``) at the end, with one thread and
-no loader workers; the RSS after imports and model load (``baseline``) is recorded next to it, so the
-part evaluation adds is visible. ``ru_maxrss`` counts the memory-mapped Arrow pages evaluation touches
+The peak is the process's high-water RSS (``VmHWM``, :func:`peak_rss_kb`) at the end, with one thread
+and no loader workers; the RSS after imports and model load (``baseline``) is recorded next to it, so the
+part evaluation adds is visible. It counts the memory-mapped Arrow pages evaluation touches
 too (file-backed, reclaimable: a larger split's are more of them).
 
     python -m dpnrepro.benchmarks.eval_memory --image-size 28 56 --scales 1 10 --out reports/eval_memory.md
@@ -89,6 +89,16 @@ def build_run(out: Path, image_size: int, profile: str = "params.yaml") -> Path:
     return out
 
 
+def peak_rss_kb() -> int:
+    """This process's peak RSS (KiB) since its ``exec``: ``VmHWM`` of ``/proc/self/status``. Not
+    ``ru_maxrss``: Linux carries the pre-``exec`` high-water mark over, and a child forked from a larger
+    parent (a test process holding the splits it built) would report that parent's RSS."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _rss_kb() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
@@ -96,8 +106,6 @@ def _rss_kb() -> int:
 
 def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "params.yaml") -> dict:
     """Run the evaluation path in this process; its peak and baseline RSS (KiB) and its results."""
-    import resource
-
     import torch
 
     from dpnrepro.artifacts import load_run_model
@@ -119,7 +127,7 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
                                train_split=fs.train_split, test_split=fs.test_split, resize=resize,
                                pool_size=fs.pool_size, **kw)
-    return {"peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "baseline_rss_kb": baseline,
+    return {"peak_rss_kb": peak_rss_kb(), "baseline_rss_kb": baseline,
             "val_examples": top1["val_examples"], "minival_examples": top1["minival_examples"],
             "fewshot_test_examples": few["fewshot_test_examples"], "fewshot_train_pool": few["fewshot_train_pool"],
             "batch_size": kw["batch_size"]}
@@ -128,8 +136,8 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
 def measure(image_size: int, scales=(1, 10), *, mmap_threshold: int | None = None, repeats: int = 1,
             root: Path | None = None, profile: str = "params.yaml") -> dict:
     """``{scale: measurement}``: ``repeats`` fresh single-threaded processes per scale, on one shared run;
-    ``peak_rss_kb`` is the lowest of their peaks (all in ``peak_rss_kb_runs``: identical runs differ by
-    up to ~90 MiB here, transient spikes), so a split kept in memory, which every run holds, still shows.
+    ``peak_rss_kb`` is the lowest of their peaks (all in ``peak_rss_kb_runs``): a transient spike in one
+    run does not count, a split kept in memory, which every run holds, still does.
 
     ``mmap_threshold`` (bytes): glibc's ``MALLOC_MMAP_THRESHOLD_`` for the process. glibc's default raises
     the threshold as large blocks are freed, so batch-sized buffers then come from the heap, whose
