@@ -106,3 +106,26 @@ def test_sampler_pickles_without_its_threads():
     s.batch_for_step(0)
     copy = pickle.loads(pickle.dumps(s))
     assert list(copy) == list(StepBatchSampler(40, 8, seed=1, start_step=0, total_steps=12))
+
+
+def test_loader_workers_forked_beside_prefetch_threads_give_the_same_batches():
+    import datasets
+    from PIL import Image
+
+    from dpnrepro.data.loader import build_transform, train_loader
+
+    imgs = [Image.fromarray(np.full((28, 28), i, np.uint8)) for i in range(40)]
+    ds = datasets.Dataset.from_dict({"image": imgs, "label": [i % 10 for i in range(40)]},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "label": datasets.Value("int64")}))
+    tf = build_transform({"image_size": 28, "channels": 1, "randaug": "", "inception_crop": True, "flip": True},
+                         train=True, uint8=True)
+    out = {}
+    for workers in (0, 2):
+        for start in (0, 7):  # 5 steps an epoch: 5 epochs, resumed mid-epoch
+            s = StepBatchSampler(40, 8, seed=5, start_step=start, total_steps=25)
+            out[workers, start] = [x for x, _ in train_loader(ds, tf, s, workers=workers)]
+    assert len(out[0, 0]) == 25 and len(out[0, 7]) == 18
+    for key in out:
+        full = out[0, 0][key[1]:]
+        assert all(torch.equal(a, b) for a, b in zip(out[key], full, strict=True)), key
