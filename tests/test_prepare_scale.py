@@ -101,3 +101,27 @@ def test_copy_storage_manifest_has_no_storage_key(tmp_path):
     assert "storage" not in manifest
     assert "image" in load_split(tmp_path / "copy", "train").column_names
     assert json.loads((tmp_path / "copy" / "manifest.json").read_text()) == manifest
+
+
+def test_photo_folder_is_real_imagenet_sized_jpegs_the_same_for_any_workers(tmp_path):
+    from PIL import Image
+
+    from dpnrepro.benchmarks.photo_folder import LONG_SIDE, source_photos, write_photo_folder
+
+    one = write_photo_folder(tmp_path / "one", n_train=54, n_val=27, workers=1)
+    two = write_photo_folder(tmp_path / "two", n_train=54, n_val=27, workers=2)
+    assert one == two and one["photos"] == 27 and one["classes"] == 26
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.jpg"))
+    assert len(files) == 81
+    photos = dict((name, path) for name, path in source_photos())
+    for f in files:
+        data = (tmp_path / "one" / f).read_bytes()
+        assert data == (tmp_path / "two" / f).read_bytes()
+        with Image.open(tmp_path / "one" / f) as im:
+            assert im.format == "JPEG" and LONG_SIDE[0] <= max(im.size) <= LONG_SIDE[1] and im.mode == "RGB"
+            assert f.parts[1] in photos
+    # distinct crops, not copies: no two files of a class are the same bytes
+    assert len({(tmp_path / "one" / f).read_bytes() for f in files}) == len(files)
+    m = prepare_dataset(data_cfg(tmp_path / "one", format="imagefolder", num_classes=26, eval_split="val",
+                                 minival_fraction=0.1, storage="source"), tmp_path / "prep", workers=2)
+    assert m["splits"]["train"]["examples"] + m["splits"]["minival"]["examples"] == 54
