@@ -122,6 +122,28 @@ def test_photo_folder_is_real_imagenet_sized_jpegs_the_same_for_any_workers(tmp_
             assert f.parts[1] in photos
     # distinct crops, not copies: no two files of a class are the same bytes
     assert len({(tmp_path / "one" / f).read_bytes() for f in files}) == len(files)
-    m = prepare_dataset(data_cfg(tmp_path / "one", format="imagefolder", num_classes=26, eval_split="val",
+    m = prepare_dataset(data_cfg(tmp_path / "one", format="imagefolder", num_classes=26, eval_split="validation",
                                  minival_fraction=0.1, storage="source"), tmp_path / "prep", workers=2)
     assert m["splits"]["train"]["examples"] + m["splits"]["minival"]["examples"] == 54
+
+
+def test_folder_report_labels_the_100k_column_an_extrapolation():
+    from dpnrepro.benchmarks.folder import render_markdown
+
+    path = {"backend": "pil", "crop_sampler": "big_vision", "img_per_s_per_core": 250.0,
+            "img_per_s_per_core_ci": [240.0, 260.0], "wall_img_per_s": 200.0, "cores_for_b16": 13.2}
+    prep = {"copy": {"storage": "copy", "workers": 1, "wall_s": 12.3, "cpu_s": 11.0, "bytes_written": 600_000_000,
+                     "bytes_datasets_cache": 1_000_000, "sha256": {"train": "x"}},
+            "source_1_worker": {"storage": "source", "workers": 1, "wall_s": 8.0, "cpu_s": 7.5,
+                                "bytes_written": 1_000_000, "bytes_datasets_cache": 0, "sha256": {"train": "y"}}}
+    res = {"command": "python scripts/bench_folder.py", "hardware": "CPU x", "load_before": [1.0], "load_after": [2.0],
+           "folder": {"classes": 26, "photos": 27, "wall_s": 5.0,
+                      "splits": {"train": {"images": 9_000, "jpeg_bytes": 450_000_000},
+                                 "validation": {"images": 1_000, "jpeg_bytes": 50_000_000}}},
+           "input": {"image_size": 224, "randaug": "r", "rounds": 10, "n_per_round": 100, "paths": {"p": path}},
+           "prepare": prep}
+    md = render_markdown(res)
+    assert "| `pil` | `big_vision` (full profile) | 250 [240, 260] | 200 | 13.2 |" in md
+    assert "**extrapolation** (x10" in md
+    assert "| copy | 1 | 12.3 | 11.0 | 600.0 MB | 1.0 MB | 123 s, 6,000.0 MB |" in md
+    assert "10,000 images" in md and "differ" in md

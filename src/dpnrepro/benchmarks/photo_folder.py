@@ -87,7 +87,7 @@ def _write_block(args) -> int:
 
 def write_photo_folder(out: str | os.PathLike, n_train: int, n_val: int = 0, seed: int = 0,
                        workers: int = 1) -> dict:
-    """Write ``<out>/{train,val}/<class>/<k>.jpg`` (``n_train`` / ``n_val`` images, classes balanced to
+    """Write ``<out>/{train,validation}/<class>/<k>.jpg`` (``n_train`` / ``n_val`` images, classes balanced to
     within one image) in ``workers`` processes; the same bytes for any ``workers``. Returns the counts,
     classes and JPEG bytes per split."""
     from tqdm.auto import tqdm
@@ -96,7 +96,7 @@ def write_photo_folder(out: str | os.PathLike, n_train: int, n_val: int = 0, see
     names, paths = [n for n, _ in photos], [str(p) for _, p in photos]
     out = Path(out)
     stats = {"classes": len(set(names)), "photos": len(paths), "splits": {}}
-    for split, n, split_seed in (("train", n_train, seed), ("val", n_val, seed + 1)):
+    for split, n, split_seed in (("train", n_train, seed), ("validation", n_val, seed + 1)):
         if n <= 0:
             continue
         for name in names:
