@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100, help="images per input path per round")
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds (>= 6 for a 95 %% CI)")
     ap.add_argument("--tmp", default=None, help="where the folder is written (default: the system temp dir)")
+    ap.add_argument("--gpu-decode", action="store_true",
+                    help="also time the nvJPEG batch decode + crop path (data/gpu_decode.py) on a CUDA device")
     ap.add_argument("--out-json", default="benchmarks/measured/input_folder.json")
     ap.add_argument("--out-md", default="reports/input_folder.md")
     args = ap.parse_args()
@@ -34,7 +36,7 @@ def main() -> None:
         raise ParamsError("--train, --workers, --n and --rounds must be >= 1, --val >= 0")
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from dpnrepro.benchmarks.folder import input_paths, prepare_costs, render_markdown
+    from dpnrepro.benchmarks.folder import gpu_decode_rate, input_paths, prepare_costs, render_markdown
     from dpnrepro.benchmarks.photo_folder import write_photo_folder
     from dpnrepro.cli import hardware_label
 
@@ -45,6 +47,8 @@ def main() -> None:
         res["folder"] = write_photo_folder(f"{tmp}/photos", args.train, args.val, workers=args.workers)
         res["folder"]["wall_s"] = time.perf_counter() - t0
         res["input"] = input_paths(f"{tmp}/photos", n=args.n, rounds=args.rounds)
+        if args.gpu_decode:
+            res["gpu_decode"] = gpu_decode_rate(f"{tmp}/photos")
         res["prepare"] = prepare_costs(f"{tmp}/photos", args.workers)
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
     write_json_atomic(args.out_json, res)

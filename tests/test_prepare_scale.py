@@ -147,3 +147,13 @@ def test_folder_report_labels_the_100k_column_an_extrapolation():
     assert "**extrapolation** (x10" in md
     assert "| copy | 1 | 12.3 | 11.0 | 600.0 MB | 1.0 MB | 123 s, 6,000.0 MB |" in md
     assert "10,000 images" in md and "differ" in md
+
+
+def test_committed_folder_report_is_rendered_from_its_measurements():
+    from pathlib import Path
+
+    from dpnrepro.benchmarks.folder import render_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "benchmarks/measured/input_folder.json").read_text())
+    assert (root / "reports/input_folder.md").read_text() == render_markdown(res)

@@ -228,6 +228,11 @@ def render_markdown(res: dict) -> str:
         lines.append(f"| {r['storage']} | {r['workers']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
                      f"{_mb(r['bytes_written'])} | {cache} | {r['wall_s'] * scale:,.0f} s, "
                      f"{_mb(r['bytes_written'] * scale)} |")
+    gpu = res.get("gpu_decode")
+    if gpu is not None:
+        lines += ["", "GPU decode path (`data/gpu_decode.py`, nvJPEG batch decode + crop + resize, file reads "
+                  "excluded): " + (f"{gpu['img_per_s']:.0f} img/s on {gpu['device']} (batch {gpu['batch']})"
+                                   if gpu["img_per_s"] else gpu["note"]) + "."]
     same = [k for k in prep if k.startswith("source") and prep[k].get("sha256") == prep["copy"]["sha256"]]
     lines += [
         "",
@@ -236,3 +241,29 @@ def render_markdown(res: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def gpu_decode_rate(folder: str | os.PathLike, batch: int = 256, rounds: int = 5, sampler: str = "big_vision",
+                    size: int = 224) -> dict:
+    """img/s of :func:`dpnrepro.data.gpu_decode.decode_crop_batch` on CUDA (batch decode + crop + resize of
+    the folder's train JPEGs, boxes drawn on the CPU beforehand, file reads excluded); None without a GPU."""
+    import torch
+
+    from dpnrepro.data.gpu_decode import decode_crop_batch, sample_boxes
+
+    if not torch.cuda.is_available():
+        return {"img_per_s": None, "note": "no CUDA device: not measured"}
+    files = sorted(Path(folder, "train").rglob("*.jpg"))[: batch * rounds]
+    blobs = [p.read_bytes() for p in files]
+    boxes = sample_boxes(blobs, list(range(len(blobs))), sampler=sampler)
+    decode_crop_batch(blobs[:batch], boxes[:batch], size, "cuda", sampler)  # warm-up: nvJPEG handles
+    torch.cuda.synchronize()
+    rates = []
+    for r in range(len(blobs) // batch):
+        sl = slice(r * batch, (r + 1) * batch)
+        t0 = time.perf_counter()
+        decode_crop_batch(blobs[sl], boxes[sl], size, "cuda", sampler)
+        torch.cuda.synchronize()
+        rates.append(batch / (time.perf_counter() - t0))
+    return {"img_per_s": median_ci(rates)[0], "rounds_img_per_s": rates, "batch": batch, "sampler": sampler,
+            "device": torch.cuda.get_device_name()}
