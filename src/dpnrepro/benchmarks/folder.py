@@ -204,7 +204,7 @@ def render_markdown(res: dict) -> str:
         "| `input.backend` | `input.crop_sampler` | img/s per core [95 % CI] | wall img/s | cores for 3,300 img/s |",
         "|---|---|---:|---:|---:|",
     ]
-    for p in paths.values():
+    for p in sorted(paths.values(), key=lambda p: list(PATHS.values()).index((p["backend"], p["crop_sampler"]))):
         ci = p["img_per_s_per_core_ci"]
         ci = "" if ci is None else f" [{ci[0]:.0f}, {ci[1]:.0f}]"
         full = " (full profile)" if (p["backend"], p["crop_sampler"]) == ("pil", "big_vision") else ""
@@ -223,7 +223,8 @@ def render_markdown(res: dict) -> str:
         "| storage | workers | wall s | CPU s | written | of which `datasets` cache | 100k images: wall s, written (extrapolated) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, r in prep.items():
+    # JSON files keep sorted keys: rows in a fixed order (copy, source by workers, tar shards)
+    for r in sorted(prep.values(), key=lambda r: (r["storage"] != "copy", r["storage"] != "source", r["workers"])):
         cache = _mb(r["bytes_datasets_cache"]) if "bytes_datasets_cache" in r else "–"
         lines.append(f"| {r['storage']} | {r['workers']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
                      f"{_mb(r['bytes_written'])} | {cache} | {r['wall_s'] * scale:,.0f} s, "
