@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds (>= 6 for a 95 %% CI)")
     ap.add_argument("--tmp", default=None, help="where the folder is written (default: the system temp dir)")
     ap.add_argument("--gpu-decode", action="store_true",
-                    help="also time the nvJPEG batch decode + crop path (data/gpu_decode.py) on a CUDA device")
+                    help="also time the nvJPEG batch decode + crop path (benchmarks/gpu_decode.py) on a CUDA device")
     ap.add_argument("--out-json", default="benchmarks/measured/input_folder.json")
     ap.add_argument("--out-md", default="reports/input_folder.md")
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""The GPU decode path (data/gpu_decode.py) run on the CPU against the CPU path: same crop boxes for the
+"""The GPU decode path (benchmarks/gpu_decode.py) run on the CPU against the CPU path: same crop boxes for the
 same seeds, pixels within one grey level."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from dpnrepro.benchmarks.input_pipeline import load_photos
 from dpnrepro.data.fast import FastTrainTransform
-from dpnrepro.data.gpu_decode import decode_crop_batch, sample_boxes, upload
+from dpnrepro.benchmarks.gpu_decode import decode_crop_batch, sample_boxes, upload
 from dpnrepro.errors import DatasetError
 
 

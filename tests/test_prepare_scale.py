@@ -157,3 +157,26 @@ def test_committed_folder_report_is_rendered_from_its_measurements():
     root = Path(__file__).resolve().parents[1]
     res = json.loads((root / "benchmarks/measured/input_folder.json").read_text())
     assert (root / "reports/input_folder.md").read_text() == render_markdown(res)
+
+
+@pytest.mark.parametrize("backend", ["pil", "fast"])
+def test_training_reads_the_same_tensors_from_source_as_from_the_copy(tmp_path, backend):
+    """The trainer's view (undecoded for `fast`, seeded per example) of a source split = of a copy split."""
+    import torch
+
+    from dpnrepro.data.fast import undecoded
+    from dpnrepro.data.loader import TransformedSplit
+
+    root = make_image_folder(tmp_path / "src", per_class=8)
+    prepare_dataset(_cfg(root), tmp_path / "copy")
+    prepare_dataset(_cfg(root, storage="source"), tmp_path / "index", workers=1)
+    cfg = {"image_size": 8, "channels": 3, "inception_crop": True, "flip": True, "randaug": "rand-n2-m10",
+           "backend": backend, "crop_min_area": 0.3}
+    views = []
+    for where in ("copy", "index"):
+        ds = load_split(tmp_path / where, "train")
+        views.append(TransformedSplit(undecoded(ds) if backend == "fast" else ds,
+                                      build_transform(cfg, train=True, uint8=True)))
+    for i in range(len(views[0])):
+        (a, ya), (b, yb) = views[0][(i, 100 + i)], views[1][(i, 100 + i)]
+        assert torch.equal(a, b) and ya == yb

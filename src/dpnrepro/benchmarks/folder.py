@@ -231,7 +231,7 @@ def render_markdown(res: dict) -> str:
                      f"{_mb(r['bytes_written'] * scale)} |")
     gpu = res.get("gpu_decode")
     if gpu is not None:
-        lines += ["", "GPU decode path (`data/gpu_decode.py`, nvJPEG batch decode + crop + resize, file reads "
+        lines += ["", "GPU decode path (`benchmarks/gpu_decode.py`, nvJPEG batch decode + crop + resize, file reads "
                   "excluded): " + (f"{gpu['img_per_s']:.0f} img/s on {gpu['device']} (batch {gpu['batch']})"
                                    if gpu["img_per_s"] else gpu["note"]) + "."]
     same = [k for k in prep if k.startswith("source") and prep[k].get("sha256") == prep["copy"]["sha256"]]
@@ -246,11 +246,11 @@ def render_markdown(res: dict) -> str:
 
 def gpu_decode_rate(folder: str | os.PathLike, batch: int = 256, rounds: int = 5, sampler: str = "big_vision",
                     size: int = 224) -> dict:
-    """img/s of :func:`dpnrepro.data.gpu_decode.decode_crop_batch` on CUDA (batch decode + crop + resize of
+    """img/s of :func:`dpnrepro.benchmarks.gpu_decode.decode_crop_batch` on CUDA (batch decode + crop + resize of
     the folder's train JPEGs, boxes drawn on the CPU beforehand, file reads excluded); None without a GPU."""
     import torch
 
-    from dpnrepro.data.gpu_decode import decode_crop_batch, sample_boxes
+    from dpnrepro.benchmarks.gpu_decode import decode_crop_batch, sample_boxes
 
     if not torch.cuda.is_available():
         return {"img_per_s": None, "note": "no CUDA device: not measured"}

@@ -10,7 +10,9 @@ where ``decode_jpeg`` runs libjpeg-turbo). :func:`upload` copies a pinned uint8 
 side stream.
 
 Status: a building block behind ``scripts/bench_folder.py --gpu-decode``, not yet used by the trainer
-(flip and RandAugment still run on the CPU path); no GPU number has been measured for it.
+(flip and RandAugment still run on the CPU path); no GPU number has been measured for it. It lives here,
+not in ``data/``, until the trainer imports it: every stage that reads ``data/`` would otherwise list its
+files one by one instead of the folder.
 """
 
 from __future__ import annotations
