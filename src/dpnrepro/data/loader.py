@@ -90,13 +90,16 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
 
 def load_split(prepared_dir: str | Path, split: str):
-    """The prepared ``datasets.Dataset`` of one split."""
+    """The prepared ``datasets.Dataset`` of one split (a :class:`~dpnrepro.data.source_index.SourceSplit`
+    reading from the source folder with ``data.storage: source``)."""
     import datasets
 
     path = Path(prepared_dir) / split
     if not path.exists():
         raise DatasetError(f"prepared split {path} does not exist; run `dvc repro prepare` first")
-    return datasets.load_from_disk(str(path))
+    from dpnrepro.data.source_index import source_split
+
+    return source_split(datasets.load_from_disk(str(path)), prepared_dir)  # data.storage: source
 
 
 def _mix(*ints: int) -> int:
