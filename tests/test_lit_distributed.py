@@ -177,7 +177,8 @@ def lit_project(tmp_path, monkeypatch):
 RUN0, RUN1 = "runs/lit/jft_220k/Mu-7_dpn_s0/lit_s0", "runs/lit/jft_220k/Mu-7_dpn_s0/lit_s1"
 
 
-def test_a_failing_run_keeps_the_finished_ones_and_resumes_bit_identically(lit_project, tmp_path, monkeypatch):
+def test_a_failing_run_keeps_the_finished_ones_and_resumes_bit_identically(lit_project, tmp_path, monkeypatch,
+                                                                           capsys):
     from dpnrepro.lit import run
     from dpnrepro.training import checkpoint
 
@@ -217,6 +218,17 @@ def test_a_failing_run_keeps_the_finished_ones_and_resumes_bit_identically(lit_p
             assert (work / curve).read_text() == (ref / curve).read_text()
     spec = json.loads((work / RUN1 / "lit.json").read_text())
     assert spec == json.loads((ref / RUN1 / "lit.json").read_text())
+    # `dvc repro` deletes runs/lit before the stage: the complete checkpoints restore it without a step
+    import shutil
+
+    shutil.rmtree(work / "runs")
+    capsys.readouterr()
+    lit_project(work)
+    out = capsys.readouterr().out
+    assert out.count("at step 6/6") == 2
+    for r in (RUN0, RUN1):
+        for f in ("text.safetensors", "lit.json", "dvclive/plots/metrics/train/loss.tsv"):
+            assert (work / r / f).read_bytes() == (ref / r / f).read_bytes(), (r, f)
 
 
 def test_another_configuration_does_not_resume(lit_project, tmp_path, capsys):
