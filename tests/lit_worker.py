@@ -2,10 +2,12 @@
 ``--devices 2`` it spreads itself over 2 gloo processes through the stage launch path
 (training/launch.py: torchrun's agent in process), as `lit_train` does.
 
-    python tests/lit_worker.py OUT --devices N [--steps S] [--chunk C] [--grads]
+    python tests/lit_worker.py OUT --devices N [--steps S] [--chunk C] [--grads | --stage]
 
 Rank 0 writes ``OUT/text.safetensors`` and ``OUT/history.json`` (or, with ``--grads``, the gradients of
 the first step in ``OUT/grads.safetensors``). Checkpoints go to ``OUT/ckpt`` (resumed when present).
+``--stage``: the `lit_train` stage's own code (``lit_session`` + ``train_lit``) in OUT as the project
+directory, on :func:`stage_params` with the tower and corpus of :func:`fake_stage_inputs`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,61 @@ def train_cfg(steps: int, batch: int = 32):
                           grad_clip=1.0, device="cpu")
 
 
+class Corpus:
+    """What train_lit reads of a caption corpus: ``len``, ``["image"]``, ``["text"]``."""
+
+    def __init__(self, images, texts):
+        self.cols = {"image": images, "text": texts}
+
+    def __len__(self):
+        return len(self.cols["text"])
+
+    def __getitem__(self, key):
+        return self.cols[key]
+
+
+def fake_stage_inputs():
+    """(corpus, load_tower): 48 random 28-px grey images with 4 captions, and tiny_problem's locked tower."""
+    import numpy as np
+    import torchvision.transforms.functional as TF
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (28, 28), dtype=np.uint8)) for _ in range(48)]
+    texts = [f"a photo of a {w}" for w in ["shoe", "bag", "coat", "shirt"] * 12]
+    return Corpus(images, texts), lambda path: (tiny_problem()[0].image, TF.to_tensor)
+
+
+def stage_params(devices: int = 1) -> dict:
+    """The repo's params with 2 LiT runs on one tower (6 steps, batch 16, a checkpoint every 2 steps)."""
+    import yaml
+
+    p = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    p["lit"]["towers"] = {"sweeps": ["jft_220k"], "archs": ["Mu-7"], "stems": ["dpn"], "seed": 0}
+    p["lit"]["seeds"] = [0, 1]
+    p["lit"]["train"].update(batch_size=16, steps=6, warmup_steps=1)
+    p["runtime"].update(ckpt_every=2, log_every=1, devices=devices)
+    return p
+
+
+def run_stage(out: Path, devices: int) -> None:
+    import os
+
+    import yaml
+
+    from dpnrepro.config import load_params
+    from dpnrepro.lit import data, run
+
+    os.chdir(out)
+    if "WORLD_SIZE" not in os.environ:
+        (out / "params.yaml").write_text(yaml.safe_dump(stage_params(devices)))
+    corpus, load_tower = fake_stage_inputs()
+    data.load_caption_corpus, run.load_tower = (lambda *a, **k: corpus), load_tower
+    params = load_params()
+    with run.lit_session(params):
+        run.train_lit(params, progress=False)
+
+
 @stage
 def main() -> None:
     from safetensors.torch import save_file
@@ -62,9 +119,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--grads", action="store_true")
+    ap.add_argument("--stage", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.stage:
+        return run_stage(args.out.resolve(), args.devices)
     with launch.stage_session(RuntimeParams(devices=args.devices), "cpu") as ctx:
         lit, zimg, tokens = tiny_problem()
         cfg = train_cfg(args.steps)

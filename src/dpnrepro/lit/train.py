@@ -122,10 +122,15 @@ def text_step(lit: LiT, zimg: torch.Tensor, tokens: torch.Tensor, loss_fn, *, ch
 
 def lit_loss(ctx):
     """open_clip's ClipLoss over the global batch (every rank's shard gathered, with gradients)."""
+    import warnings
+
     from open_clip.loss import ClipLoss
 
     if ctx is None or not ctx.distributed:
         return contrastive_loss
+    # open_clip 3.3 gathers with torch.distributed.nn.all_gather (deprecated in torch 2.9, still exact)
+    warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated",
+                            category=FutureWarning)
     return ClipLoss(local_loss=False, gather_with_grad=True, rank=ctx.rank, world_size=ctx.world_size)
 
 
