@@ -11,6 +11,7 @@ its own, so a failing run leaves the finished ones in place; resumable state in 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -81,10 +82,15 @@ def lit_session(params):
 
 def run_fingerprint(lp, *, arch: str, tower_digest: str, seed: int, corpus: str) -> str:
     """Everything a LiT run's result depends on: a checkpoint or run directory with another is redone."""
-    from dpnrepro.training.trainer import code_fingerprint, fingerprint
+    from dpnrepro.codedeps import ROOT, code_files
+    from dpnrepro.training.trainer import fingerprint
 
+    # the code `lit_train` runs (what its DVC fingerprint lists): after a code change a rerun retrains
+    # instead of restoring a checkpoint written by the old code (training/trainer.py does the same for
+    # the train stages, over stages/train.py's files)
+    code = {rel: hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() for rel in code_files("stages/train_lit.py")}
     return fingerprint(lp.data.model_dump(), lp.context_length, lp.text[arch].model_dump(), lp.temperature_init,
-                       lp.train.model_dump(), tower_digest, seed, corpus, code_fingerprint(stage="stages/train_lit.py"))
+                       lp.train.model_dump(), tower_digest, seed, corpus, code)
 
 
 def _complete(out: Path, fp: str) -> bool:
@@ -100,8 +106,6 @@ def train_lit(params, *, progress: bool = True) -> list[Path]:
     """Train every LiT run of ``params.lit`` into its own ``runs/lit/...`` directory (each written
     atomically by rank 0; a complete one with the same fingerprint is kept, not retrained), resumable
     from ``checkpoints/lit/...``. Under torchrun every rank trains its shard of each global batch."""
-    import hashlib
-
     from dpnrepro.lit.data import load_caption_corpus
     from dpnrepro.lit.train import embed_images
     from dpnrepro.training import determinism, distributed

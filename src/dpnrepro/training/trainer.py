@@ -65,16 +65,15 @@ def fingerprint(*parts) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def code_fingerprint(root: Path | None = None, stage: str = "stages/train.py") -> str:
+def code_fingerprint(root: Path | None = None) -> str:
     """A hash of the code a training run executes: exactly the code deps of the train stages in dvc.yaml
     (both come from :func:`dpnrepro.codedeps.code_files`). It joins the run fingerprint, so after a code
-    change `dvc repro` retrains instead of "resuming" a finished checkpoint written by the old code.
-    ``stage``: the stage script whose imports count (lit_train passes its own)."""
+    change `dvc repro` retrains instead of "resuming" a finished checkpoint written by the old code."""
     from dpnrepro.codedeps import ROOT, code_files
 
     root = root or ROOT
     digest = hashlib.sha256()
-    for rel in code_files(stage, root):
+    for rel in code_files("stages/train.py", root):
         digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     return digest.hexdigest()[:16]
 
