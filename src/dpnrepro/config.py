@@ -531,6 +531,14 @@ class LitTrainParams(_Section):
     deterministic: bool = True
 
 
+class LitRuntimeParams(_Section):
+    """How LiT's text-tower steps are executed (no stage tracks it; processes: the top-level runtime)."""
+
+    chunk_size: int = Field(0, ge=0, description=(
+        "captions per text-tower pass (GradCache, lit/train.py): 0 = the process's whole shard of the batch "
+        "in one pass; smaller bounds activation memory at one more forward per step, same result to rounding"))
+
+
 class ZeroshotSetParams(_Section):
     """One labelled image set scored zero-shot (lit/data.py)."""
 
@@ -571,6 +579,7 @@ class LitParams(_Section):
     temperature_init: float = Field(10.0, gt=0)
     train: LitTrainParams
     zeroshot: ZeroshotParams
+    runtime: LitRuntimeParams = Field(default_factory=LitRuntimeParams)
 
     @model_validator(mode="after")
     def _text_for_every_arch(self):
