@@ -272,6 +272,7 @@ def test_segment_on_two_processes_matches_one_within_augmentation_noise_and_resu
     for key, value in [("mIoU", m2["mIoU"]), ("mAcc", m2["mAcc"]), ("aAcc", m2["aAcc"]), ("dist", two_dist)]:
         sample = [r[key] for r in runs] if key != "dist" else [r["dist"] for r in runs[1:]]
         lo, hi = _prediction_interval(sample)
+        print(f"2 processes: {key} {value:.4g}, 99 % prediction interval [{lo:.4g}, {hi:.4g}] of {sample}")
         assert lo <= value <= hi, f"2 processes: {key} {value} outside [{lo}, {hi}] of {sample}"
 
     # kill rank 0 before iteration 3 (checkpoint after 2), rerun: bit-identical to the uninterrupted run

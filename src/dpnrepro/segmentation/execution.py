@@ -20,12 +20,14 @@ needs to execute it and what no output may record (it depends on the layout or o
   masks (with ``False`` all ranks would draw the same ones: the i-th image of every rank cropped and
   dropped alike). ``diff_rank_seed`` would also make mmengine seed the samplers from a random number
   (``sync_random_seed``); the recipe instead gives every sampler the run's seed explicitly, so the data
-  order is the same permutation for every world size, and rank 0's streams are those of one process
-  (one process: bit-identical to ``diff_rank_seed=False``). Consequence for reproducibility: a run is
-  bit-reproducible, and resumes bit-identically, for a given world size; another world size sees the
-  same examples in every step (``InfiniteSampler`` deals one seeded stream of indices round-robin to the
-  ranks) but other augmentation draws for ranks > 0 and per-rank loss normalisation, so its metrics agree
-  only to within run-to-run noise (tests/test_segmentation_distributed.py states the tolerance).
+  order is the same permutation for every world size (with one process all of this is bit-identical to
+  ``diff_rank_seed=False``, so the committed smoke results stand). Consequence for reproducibility: a run
+  is bit-reproducible, and resumes bit-identically (every rank's RNG states are in the checkpoints,
+  resume.py), for a given world size; another world size starts from the same weights and sees the same
+  examples in every step (``InfiniteSampler`` deals one seeded stream of indices round-robin to the
+  ranks), but draws its augmentations from per-rank streams in per-rank batch shapes and normalises the
+  loss per rank, so its metrics agree with one process's only within augmentation noise
+  (tests/test_segmentation_distributed.py derives and tests the tolerance).
 """
 
 from __future__ import annotations
