@@ -41,7 +41,8 @@ def main() -> None:
 
         written = run_sweep(params, runs, write_outputs=not single, ctx=ctx)
         if ctx.is_main:
-            print("wrote " + ", ".join(map(str, written)) if written else f"trained {len(runs)} run(s) into checkpoints/seg")
+            print("wrote " + ", ".join(map(str, written)) if written
+                  else f"trained {len(runs)} run(s) into checkpoints/seg")
 
 
 if __name__ == "__main__":

@@ -131,7 +131,8 @@ def test_infinite_sampler_deals_one_seeded_stream_to_the_ranks(monkeypatch):
 
 # --- item 5: the stage under 2 processes -----------------------------------------------------------
 
-# Imported at start-up by every stage process (sitecustomize, first on PYTHONPATH): logs the examples of every step per rank and, when asked,
+# Imported at start-up by every stage process (sitecustomize, first on PYTHONPATH): logs the examples of
+# every step per rank and, when asked,
 # SIGKILLs rank 0 before an iteration (the same hook config in every attempt: one fingerprint).
 PROBE = """import json, os, signal
 from mmengine.hooks import Hook
