@@ -357,6 +357,8 @@ class SegmentationParams(_Section):
     pretrained_seed: int | None = Field(0, description=(
         "initialise from runs/table1/<arch>_<stem>_s<this seed> (the ImageNet-style pretraining); null = random init"))
     options: dict = Field(default_factory=dict, description="dotted-key overrides of the config file")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "cpu: fp32 on every machine (the GPUs hidden); cuda: bf16 AMP (AmpOptimWrapper); auto: cuda when visible"))
 
     @field_validator("stems")
     @classmethod
