@@ -103,3 +103,14 @@ def differing_outputs(ours: dict, committed: dict) -> list[str]:
     a, b = output_hashes(committed), output_hashes(ours)
     return [f"{path}: committed {a.get(path, 'missing')} != ours {b.get(path, 'missing')}"
             for path in [*a, *(p for p in b if p not in a)] if a.get(path) != b.get(path)]
+
+
+def plots_errors(root: Path, *revs: str) -> list:
+    """What ``dvc plots show --json`` (``dvc plots diff <revs> --json`` with revisions) reports as failed in
+    ``root``: its error entries, and every plot of dvc.yaml that rendered nothing."""
+    import json
+
+    cmd = ["dvc", "plots", "diff", *revs, "--json"] if revs else ["dvc", "plots", "show", "--json"]
+    shown = json.loads(run(cmd, root).stdout)
+    names = [next(iter(entry)) for entry in yaml.safe_load((root / "dvc.yaml").read_text()).get("plots", [])]
+    return [*(shown.get("errors") or []), *(f"{n}: nothing rendered" for n in names if not shown["data"].get(n))]
