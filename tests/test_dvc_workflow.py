@@ -79,14 +79,16 @@ def headline_repo(tmp_path_factory):
 
 
 def test_metrics_show_lists_a_few_hundred_values_at_most(headline_repo):
-    (shown,) = (rev["data"] for rev in json.loads(run(["dvc", "metrics", "show", "--json"], headline_repo).stdout).values())
+    revs = json.loads(run(["dvc", "metrics", "show", "--json"], headline_repo).stdout)
+    (shown,) = (rev["data"] for rev in revs.values())  # one revision: the workspace
     errors = {path: entry["error"] for path, entry in shown.items() if entry.get("error")}
     assert not errors, errors
     counts = {path: _leaves(entry["data"]) for path, entry in shown.items()}
     print(counts, sum(counts.values()))
     assert all(path.startswith("metrics/headline/") for path in counts), sorted(counts)
     declared = {next(iter(m)) for name in DVC_YAMLS
-                for body in yaml.safe_load((REPO / name).read_text())["stages"].values() for m in body.get("metrics", [])}
+                for body in yaml.safe_load((REPO / name).read_text())["stages"].values()
+                for m in body.get("metrics", [])}
     assert set(counts) == declared and all(counts.values())  # 9 paper reports + the study
     assert sum(counts.values()) <= MAX_METRIC_VALUES, counts
 
@@ -154,9 +156,25 @@ def test_plot_definitions_render_without_error(tmp_path):
     assert curves and {n.split("/")[1] for n in curves} == {"loss", "lr", "stem_grad_norm"}
 
 
+@pytest.mark.parametrize("profile", ["smoke", "mini", "full"])
+def test_curve_plots_name_every_run_the_trainer_writes(profile):
+    from dpnrepro.artifacts import run_dir
+    from dpnrepro.config import load_params
+    from dpnrepro.pipeline import curve_plots
+    from dpnrepro.training.run import sweep_runs
+
+    params = load_params(REPO / "profiles" / f"{profile}.yaml")
+    for entry in curve_plots(params):
+        (name, spec), = entry.items()
+        sweep = name.removeprefix("train-").split("/")[0]
+        dirs = [f.split("/dvclive/")[0] for f in spec["y"]]
+        assert dirs == [run_dir(sweep, *run).as_posix() for run in sweep_runs(params, sweep)], name
+
+
 def test_lock_comparison_names_every_output_that_differs():
     def lock(**outs):
-        return {"schema": "2.0", "stages": {"s": {"cmd": "x", "outs": [{"path": p, "md5": h} for p, h in outs.items()]}}}
+        return {"schema": "2.0",
+                "stages": {"s": {"cmd": "x", "outs": [{"path": p, "md5": h} for p, h in outs.items()]}}}
 
     committed = lock(**{"runs/seg": "a.dir", "metrics/m.json": "b", "reports/t.md": "c"})
     ours = lock(**{"runs/seg": "z.dir", "metrics/m.json": "b", "reports/new.md": "d"})

@@ -386,14 +386,18 @@ CURVES = {"loss": ("train/loss", "training loss"), "lr": ("train/lr", "learning 
 
 
 def curve_plots(params) -> list[dict]:
-    """``train-<sweep>/<curve>`` plots: one line per run of the sweep, from the dvclive TSV the trainer writes
-    inside ``runs/<sweep>/<run>/`` (DVC expands no globs in top-level plots, so every run is listed)."""
+    """``train-<sweep>/<curve>`` plots: one line per run of the sweep (arch × variant × stem × seed, as
+    ``training.run.sweep_runs`` trains them: tests/test_dvc_workflow.py checks they agree), from the dvclive
+    TSV the trainer writes inside ``runs/<sweep>/<run>/`` (DVC expands no globs in top-level plots). Not
+    imported from the trainer: reports_index imports this module and would depend on the training code."""
+    from itertools import product
+
     from dpnrepro.artifacts import run_name
-    from dpnrepro.training.run import sweep_runs
 
     out = []
-    for sweep in (s for s in SWEEPS if s in params.sweeps()):
-        runs = [run_name(*run) for run in sweep_runs(params, sweep)]
+    for sweep, sw in ((s, params.sweeps()[s]) for s in SWEEPS if s in params.sweeps()):
+        runs = [run_name(arch, stem, seed, variant)
+                for arch, variant, stem, seed in product(sw.archs, list(sw.variants) or [""], sw.stems, sw.seeds)]
         for curve, (metric, title) in CURVES.items():
             field = metric.rsplit("/", 1)[-1]
             out.append({f"train-{sweep}/{curve}": {

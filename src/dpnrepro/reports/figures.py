@@ -296,4 +296,5 @@ def build_figures(fig_params, runs_root: str | Path = "runs", reports_dir: str |
         "figure3": {"run": run3["path"].name, "scale": scale.tolist()},
     }
     write_json_atomic(metrics_dir / "figures_summary.json", summary)
-    return written + [metrics_dir / "figures_summary.json", headline.write_headline("figures", headline.figures(summary), metrics_dir)]
+    headline.write_headline("figures", headline.figures(summary), metrics_dir)
+    return written + [metrics_dir / "figures_summary.json"]

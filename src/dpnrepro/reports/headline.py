@@ -111,7 +111,8 @@ def figure1(summary: dict) -> dict:
 def figures(summary: dict) -> dict:
     """Figures 2 and 4: the stem's gradient norm per stem (and DPN / base for Fig. 2's arch)."""
     def stem_norms(depth: dict) -> dict:
-        return {stem: layers["stem"]["mean"] for stem, layers in depth.items() if isinstance(layers, dict) and "stem" in layers}
+        return {stem: layers["stem"]["mean"] for stem, layers in depth.items()
+                if isinstance(layers, dict) and "stem" in layers}
 
     fig2 = summary["figure2"]
     return {"figure2": {fig2["arch"]: {"stem_grad_norm": stem_norms(fig2["depth"]),
@@ -133,9 +134,3 @@ def study(summary: dict) -> dict:
             for row in cell["rows"]}
     return out
 
-
-def count_values(tree) -> int:
-    """The leaves ``dvc metrics show`` lists for a headline file."""
-    if isinstance(tree, dict):
-        return sum(count_values(v) for v in tree.values())
-    return 1

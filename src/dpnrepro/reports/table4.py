@@ -187,4 +187,5 @@ def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = 
     metrics = read_metrics(metrics_dir / "lit.json", "lit_evaluate")
     summary = summarize(metrics)
     return write_report("table4", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
-                        summary, headline=headline.table4(summary, metrics["headline"]), metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        summary, headline=headline.table4(summary, metrics["headline"]), metrics_dir=metrics_dir,
+                        reports_dir=reports_dir)
