@@ -24,10 +24,12 @@ test: env
 test-fast: env
 	$(BIN)/python -m pytest -m "not slow"
 
-# Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`).
+# Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`) and
+# regenerates dvc.yaml, whose plots name every run of the profile's sweeps.
 profile:
 	@test -f profiles/$(PROFILE).yaml || { echo "no profiles/$(PROFILE).yaml (have: $$(ls profiles))"; exit 2; }
 	cp profiles/$(PROFILE).yaml params.yaml
+	$(BIN)/python -m dpnrepro.pipeline
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
 
 clean:
