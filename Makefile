@@ -9,6 +9,10 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export DVC_NO_ANALYTICS ?= 1
 PROFILE ?= smoke
+# Test workers (pytest-xdist): tests run their stages on one thread each, so 2 workers use both CI cores.
+# A file's tests stay on one worker (--dist loadfile): module fixtures (a trained scratch project) are built once.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: env repro test test-fast profile clean
 
@@ -19,15 +23,17 @@ repro: env
 	$(BIN)/dvc repro
 
 test: env
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-fast: env
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
-# Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`).
+# Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`) and
+# regenerates dvc.yaml, whose plots name every run of the profile's sweeps.
 profile:
 	@test -f profiles/$(PROFILE).yaml || { echo "no profiles/$(PROFILE).yaml (have: $$(ls profiles))"; exit 2; }
 	cp profiles/$(PROFILE).yaml params.yaml
+	$(BIN)/python -m dpnrepro.pipeline
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
 
 clean:

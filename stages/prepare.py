@@ -17,11 +17,12 @@ def _report(section: str, manifest: dict) -> None:
 @stage
 def main() -> None:
     params = load_params()
-    _report("data", prepare_dataset(params.data.model_dump(), PREPARED))
+    workers = params.runtime.prepare_workers  # execution setting: the outputs do not depend on it
+    _report("data", prepare_dataset(params.data.model_dump(), PREPARED, workers))
     with atomic_dir(UPSTREAM) as tmp:
         present = [s for s in UPSTREAM_SECTIONS if getattr(params, s) is not None]
         for section in present:
-            _report(section, prepare_dataset(getattr(params, section).model_dump(), tmp / section))
+            _report(section, prepare_dataset(getattr(params, section).model_dump(), tmp / section, workers))
         note = "\n".join(present) if present else "(none: this profile's pretraining sweeps train on `data`)"
         (tmp / "SECTIONS.txt").write_text(f"Prepared pretraining datasets:\n{note}\n")
 

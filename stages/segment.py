@@ -5,6 +5,8 @@ costs about a second to build; a process with torch + mmseg imports several).
 A completed run is read back from ``checkpoints/seg/<run>/`` (persistent), a killed one resumes from
 its last mmengine checkpoint there. Writes ``runs/seg/<run>/`` (segmentor weights as safetensors,
 config, result) and ``metrics/seg.json``. One run: ``--stem dpn --fraction 1/16 --seed 3``.
+With ``runtime.devices`` > 1 it spreads itself over that many processes (training/launch.py): every rank
+trains every run (mmengine's DDP), rank 0 alone writes.
 """
 
 import argparse
@@ -27,13 +29,20 @@ def main() -> None:
         from dpnrepro.errors import ParamsError
 
         raise ParamsError("params.yaml has no segmentation section (Table 5)")
-    from dpnrepro.segmentation.sweep import run_sweep
+    from dpnrepro.segmentation.execution import hide_gpus_for_cpu
+    from dpnrepro.training.launch import stage_session
 
+    hide_gpus_for_cpu(seg.device)
     runs = [r for r in itertools.product(seg.stems, seg.fractions, seg.seeds)
             if (args.stem in (None, r[0]) and args.fraction in (None, r[1]) and args.seed in (None, r[2]))]
     single = any(v is not None for v in (args.stem, args.fraction, args.seed))
-    written = run_sweep(params, runs, write_outputs=not single)
-    print("wrote " + ", ".join(map(str, written)) if written else f"trained {len(runs)} run(s) into checkpoints/seg")
+    with stage_session(params.runtime, seg.device, deterministic=False) as ctx:
+        from dpnrepro.segmentation.sweep import run_sweep
+
+        written = run_sweep(params, runs, write_outputs=not single, ctx=ctx)
+        if ctx.is_main:
+            print("wrote " + ", ".join(map(str, written)) if written
+                  else f"trained {len(runs)} run(s) into checkpoints/seg")
 
 
 if __name__ == "__main__":

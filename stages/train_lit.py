@@ -1,10 +1,11 @@
 """DVC stage `lit_train`: a text tower from scratch against every locked image tower of ``lit.towers``,
-``lit.seeds`` runs each (Table 4) → runs/lit/."""
+``lit.seeds`` runs each (Table 4) → runs/lit/ (resumable state in checkpoints/lit/). With
+``runtime.devices`` > 1 the command starts torchrun's agent itself (training/launch.py); rank 0 writes."""
 
 from dpnrepro.cli import stage
 from dpnrepro.config import load_params
 from dpnrepro.errors import ParamsError
-from dpnrepro.lit.run import train_lit
+from dpnrepro.lit.run import lit_session, train_lit
 
 
 @stage
@@ -12,8 +13,10 @@ def main() -> None:
     params = load_params()
     if params.lit is None:
         raise ParamsError("params.yaml has no `lit` section (Table 4); copy it from profiles/")
-    written = train_lit(params)
-    print(f"trained {len(written)} LiT runs")
+    with lit_session(params) as ctx:  # runtime.devices > 1 outside torchrun: launches, then exits
+        written = train_lit(params)
+    if ctx.is_main:
+        print(f"trained {len(written)} LiT runs")
 
 
 if __name__ == "__main__":

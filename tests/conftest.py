@@ -21,6 +21,23 @@ IDX_SIZE = 28
 TEST_OFFSET = 100
 
 
+# The end-to-end file runs a whole smoke `dvc repro` (the suite's longest); collected first, so that under
+# `pytest -n 2 --dist loadfile` (make test) one worker starts it while the other takes the rest.
+LONGEST_FIRST = ("test_pipeline.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in LONGEST_FIRST first, then files with slow tests, then the rest; order within a file kept."""
+    slow_files = {item.path.name for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        name = item.path.name
+        return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST),
+                name not in slow_files)
+
+    items.sort(key=rank)  # stable
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """Tiny models and tensors run fastest single-threaded on a busy CPU."""

@@ -90,3 +90,27 @@ def git_init(project: Path) -> None:
     run(["git", "init", "-q"], project)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A"], project)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], project)
+
+
+def output_hashes(lock: dict) -> dict[str, str | None]:
+    """{output path: md5} of every output (outs, metrics, plots) of every stage of a parsed dvc.lock."""
+    return {out["path"]: out.get("md5") for body in lock.get("stages", {}).values() for out in body.get("outs", [])}
+
+
+def differing_outputs(ours: dict, committed: dict) -> list[str]:
+    """One line per output whose hash differs between two parsed dvc.lock files, or that only one of them
+    records: ``path: committed <md5> != ours <md5>`` (``missing`` where a lock lacks it)."""
+    a, b = output_hashes(committed), output_hashes(ours)
+    return [f"{path}: committed {a.get(path, 'missing')} != ours {b.get(path, 'missing')}"
+            for path in [*a, *(p for p in b if p not in a)] if a.get(path) != b.get(path)]
+
+
+def plots_errors(root: Path, *revs: str) -> list:
+    """What ``dvc plots show --json`` (``dvc plots diff <revs> --json`` with revisions) reports as failed in
+    ``root``: its error entries, and every plot of dvc.yaml that rendered nothing."""
+    import json
+
+    cmd = ["dvc", "plots", "diff", *revs, "--json"] if revs else ["dvc", "plots", "show", "--json"]
+    shown = json.loads(run(cmd, root).stdout)
+    names = [next(iter(entry)) for entry in yaml.safe_load((root / "dvc.yaml").read_text()).get("plots", [])]
+    return [*(shown.get("errors") or []), *(f"{n}: nothing rendered" for n in names if not shown["data"].get(n))]

@@ -492,3 +492,19 @@ def test_result_label_names_the_device_that_computed(monkeypatch):
             with distributed.session("cuda"):
                 pass
     assert hardware_label().startswith("FakeGPU x1")
+
+
+@needs_fmnist
+def test_a_recipe_train_device_override_reaches_training(project):
+    """The sweep's resolved ``train.device`` (here a recipe's ``cpu`` under a top-level ``cuda``) is the device
+    the session opens and the run trains on, not the top-level value."""
+    p = _params()
+    p["train"]["device"] = "cuda"
+    p["table1"]["recipe"] = {**p["table1"].get("recipe", {}), "train": {"device": "cpu"}}
+    write_params(project.root, p)
+    project.clean()
+    proc = run([sys.executable, *TRAIN], project.root, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = project.root / RUN
+    assert json.loads((run_dir / "config.json").read_text())["train"]["device"] == "cpu"
+    assert json.loads((run_dir / "run.json").read_text())["hardware"].startswith("CPU")

@@ -51,7 +51,7 @@ def test_one_train_stage_per_sweep_one_evaluate_stage_per_table_and_tables_follo
         deps = STAGES[f"table{table}"]["deps"]
         assert [d for d in deps if d.startswith("metrics/")] == [f"metrics/{b.sweep}.json" for b in blocks]
         evaluate = STAGES[f"evaluate-table{table}"]
-        assert [next(iter(m)) for m in evaluate["metrics"]] == [f"metrics/{b.sweep}.json" for b in blocks]
+        assert [next(iter(m)) for m in evaluate["outs"]] == [f"metrics/{b.sweep}.json" for b in blocks]
         assert [d for d in evaluate["deps"] if d.startswith("runs/")] == [f"runs/{b.sweep}" for b in blocks]
     for sweep, definition in SWEEPS.items():
         deps = STAGES[f"train-{sweep}"]["deps"]
@@ -114,7 +114,8 @@ def test_ablation_and_figure_stages():
     for report in ("table6", "figure1"):
         assert STAGES[report]["cmd"] == f"python stages/ablations.py --report {report}"
         assert f"metrics/{report}.json" in STAGES[report]["deps"]
-        assert [next(iter(o)) for o in STAGES[report]["outs"]] == [f"reports/{report}.md", f"reports/{report}.png"]
+        assert [next(iter(o)) for o in STAGES[report]["outs"]] == [f"reports/{report}.md", f"reports/{report}.png",
+                                                                   f"metrics/{report}_summary.json"]
     assert ("reports/paper" in STAGES["table6"]["deps"]) and ("reports/paper" not in STAGES["figure1"]["deps"])
     figs = STAGES["figures"]
     assert "runs/table1" in figs["deps"] and EXACT["figures"]["params"] == ["figures"]

@@ -348,13 +348,19 @@ def test_killed_run_resumes_bit_identical(canvases, tmp_path):
         def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
             probe["trained"].append(runner.iter)
 
-    reference = train_and_evaluate(_cfg(canvases, tmp_path / "ref"))["state_dict"]
     hooks = [dict(type="ResumeStateHook"), dict(type="KillAndCount")]
+    fresh = _cfg(canvases, tmp_path / "ref", custom_hooks=hooks)
+    probe.update(kill_at=None)
+    reference = train_and_evaluate(fresh)["state_dict"]
+    probe.update(kill_at=3, trained=[])
     with pytest.raises(_Killed):
         train_and_evaluate(_cfg(canvases, tmp_path / "killed", custom_hooks=hooks))
     assert (tmp_path / "killed" / "iter_2.pth").exists() and not (tmp_path / "killed" / "iter_4.pth").exists()
     probe.update(kill_at=None, trained=[])
-    resumed = train_and_evaluate(_cfg(canvases, tmp_path / "killed", custom_hooks=hooks))
+    again = _cfg(canvases, tmp_path / "killed", custom_hooks=hooks)
+    resumed = train_and_evaluate(again)
+    # the config the sweep saves (cfg.dump) is the same for the fresh and the resumed run (issue 22)
+    assert again.pretty_text.replace(str(tmp_path / "killed"), str(tmp_path / "ref")) == fresh.pretty_text
     trained = probe["trained"]
     assert trained == [2, 3]  # 0-based iterations 3 and 4 of 4: resumed, not retrained from scratch
     assert resumed["state_dict"].keys() == reference.keys()

@@ -133,3 +133,26 @@ def test_sampler_reads_each_epoch_permutation_once_and_gives_the_same_batches():
         epoch, pos = divmod(step, s.steps_per_epoch)
         perm = torch.randperm(50, generator=torch.Generator().manual_seed(_mix(3, epoch)))
         assert [i for i, _ in batch] == perm[pos * 8:(pos + 1) * 8].tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kept_loss_survives_the_next_step(device):
+    """The trainer logs losses after later steps ran: with CUDA graphs the returned loss lives in the graph's
+    pool and the next replay overwrites it, so ``LossStep.kept`` must copy it (on CUDA, with and without
+    graphs; on the CPU a detached view is enough)."""
+    from dpnrepro.training.losses import sigmoid_xent
+
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(4)]
+    t = torch.nn.functional.one_hot(torch.randint(0, 10, (8,), generator=gen), 10).float().to(dev)
+    for cudagraphs in ([False, True] if device == "cuda" else [False]):
+        step = LossStep(_mu_model(dev), sigmoid_xent, dev, compile=cudagraphs, cudagraphs=cudagraphs)
+        kept, fresh = [], []
+        for x in xs:
+            loss = step(unit_range(x), t)
+            loss.backward()
+            fresh.append(float(loss))
+            kept.append(step.kept(loss))
+        assert not kept[0].requires_grad
+        assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs}: a kept loss was overwritten"

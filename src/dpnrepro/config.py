@@ -47,7 +47,19 @@ class DataParams(_Section):
     pixel_store_side: int = Field(0, ge=0, description=(
         "0 = off; N > 0: prepare also decodes the train images once into a uint8 store, shorter side "
         "at most N px, which `input.backend: fast` trains from (data/pixel_store.py)"))
+    storage: Literal["copy", "source"] = Field("copy", description=(
+        "copy: the prepared splits hold the images (Arrow); source (imagefolder only, for ImageNet-scale "
+        "folders): an index of relative path, label and sha256 per file, images read from data.source at "
+        "training time (data/source_index.py)"))
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _storage_fits(self):
+        if self.storage == "source" and self.format != "imagefolder":
+            raise ValueError(f"storage: source indexes an image folder; format is {self.format!r} (use copy)")
+        if self.storage == "source" and self.pixel_store_side:
+            raise ValueError("storage: source keeps no decoded copy; set pixel_store_side: 0 or storage: copy")
+        return self
 
     @model_validator(mode="after")
     def _labels_consistent(self):
@@ -162,6 +174,8 @@ class RuntimeParams(_Section):
     """
 
     workers: int = Field(0, ge=0, description="data-loader worker processes")
+    prepare_workers: int = Field(0, ge=0, description=(
+        "processes that check and index a `data.storage: source` dataset in `prepare` (0 = one per CPU)"))
     eval_batch_size: int = Field(256, gt=0)
     log_every: int = Field(10, gt=0, description="dvclive logging cadence (steps)")
     ckpt_every: int = Field(100, gt=0, description="resumable-checkpoint cadence (steps)")
@@ -343,6 +357,8 @@ class SegmentationParams(_Section):
     pretrained_seed: int | None = Field(0, description=(
         "initialise from runs/table1/<arch>_<stem>_s<this seed> (the ImageNet-style pretraining); null = random init"))
     options: dict = Field(default_factory=dict, description="dotted-key overrides of the config file")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "cpu: fp32 on every machine (the GPUs hidden); cuda: bf16 AMP (AmpOptimWrapper); auto: cuda when visible"))
 
     @field_validator("stems")
     @classmethod
@@ -517,6 +533,14 @@ class LitTrainParams(_Section):
     deterministic: bool = True
 
 
+class LitRuntimeParams(_Section):
+    """How LiT's text-tower steps are executed (no stage tracks it; processes: the top-level runtime)."""
+
+    chunk_size: int = Field(0, ge=0, description=(
+        "captions per text-tower pass (GradCache, lit/train.py): 0 = the process's whole shard of the batch "
+        "in one pass; smaller bounds activation memory at one more forward per step, same result to rounding"))
+
+
 class ZeroshotSetParams(_Section):
     """One labelled image set scored zero-shot (lit/data.py)."""
 
@@ -557,6 +581,7 @@ class LitParams(_Section):
     temperature_init: float = Field(10.0, gt=0)
     train: LitTrainParams
     zeroshot: ZeroshotParams
+    runtime: LitRuntimeParams = Field(default_factory=LitRuntimeParams)
 
     @model_validator(mode="after")
     def _text_for_every_arch(self):

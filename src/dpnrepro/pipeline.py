@@ -45,15 +45,36 @@ CODE_ROOTS = ("src/dpnrepro", "stages")
 
 
 def _stage(script: str, *, args: str = "", deps=(), params=(), outs=(), metrics=(), **extra) -> dict:
+    """A stage; ``metrics`` are the DVC metrics (git-tracked, uncached): only headline files
+    (:func:`report_outs`), so `dvc metrics show/diff` stays readable. Per-run metrics are :func:`uncached` outs."""
     stage = {"cmd": f"python {script}{' ' + args if args else ''}", "deps": [*code_deps(script), *deps]}
     if params:
         stage["params"] = list(params)
     if outs:
         stage["outs"] = list(outs)
     if metrics:
-        stage["metrics"] = [{m: {"cache": False}} for m in metrics]
+        stage["metrics"] = uncached(metrics)
     stage.update(extra)
     return stage
+
+
+def uncached(paths) -> list[dict]:
+    """Outputs committed to git instead of DVC's cache (metrics, tables, figures)."""
+    return [{p: {"cache": False}} for p in paths]
+
+
+def report_outs(name: str, pages=None) -> dict:
+    """The outputs of a report stage (:func:`dpnrepro.reports.plotting.write_report`): its pages (default
+    reports/<name>.{md,png}), metrics/<name>_summary.json (the detail) and, as its only DVC metrics,
+    metrics/headline/<name>.json."""
+    from dpnrepro.reports.headline import headline_path
+
+    pages = [f"reports/{name}.md", f"reports/{name}.png"] if pages is None else pages
+    return {"outs": uncached([*pages, f"metrics/{name}_summary.json"]), "metrics": [headline_path(name).as_posix()]}
+
+
+# Figure 2's data as CSVs for `dvc plots` (stages/figures.py)
+FIGURE_CSVS = ("metrics/figure2_depth.csv", "metrics/figure2_embedding.csv")
 
 
 # reports built by stages/ablations.py (the others by stages/table.py)
@@ -101,7 +122,7 @@ def exact_stages() -> dict:
         out[f"evaluate-{report}"] = _stage(
             "stages/evaluate.py", args=f"--table {table}" if isinstance(table, int) else f"--report {report}",
             deps=["data/prepared", *(f"runs/{s}" for s in sweeps)],
-            params=params, metrics=[f"metrics/{s}.json" for s in sweeps])
+            params=params, outs=uncached(f"metrics/{s}.json" for s in sweeps))
     for report in reports():
         sweeps = [s for s, d in SWEEPS.items() if d.report == report]
         metrics = [f"metrics/{s}.json" for s in sweeps]
@@ -111,13 +132,9 @@ def exact_stages() -> dict:
             script, args = "stages/table.py", f"--table {SWEEPS[sweeps[0]].table}"
         out[report] = _stage(
             script, args=args, deps=(["reports/paper"] if report != "figure1" else []) + metrics,
-            outs=[{f"reports/{report}.md": {"cache": False}}, {f"reports/{report}.png": {"cache": False}}],
-            metrics=[f"metrics/{report}_summary.json"])
-    out["figures"] = _stage(
-        "stages/figures.py", deps=["runs/table1"], params=["figures"],
-        outs=[*({f"reports/figure{n}.{ext}": {"cache": False}} for n in (2, 3, 4) for ext in ("md", "png")),
-              {"metrics/figure2_depth.csv": {"cache": False}}, {"metrics/figure2_embedding.csv": {"cache": False}}],
-        metrics=["metrics/figures_summary.json"])
+            **report_outs(report))
+    out["figures"] = _stage("stages/figures.py", deps=["runs/table1"], params=["figures"], **report_outs(
+        "figures", pages=[*(f"reports/figure{n}.{ext}" for n in (2, 3, 4) for ext in ("md", "png")), *FIGURE_CSVS]))
     out.update(segmentation_stages())
     out.update(transfer_stages())
     out.update(lit_stages())
@@ -132,7 +149,7 @@ def reports_index_stage(paper_stages: dict) -> dict:
     from dpnrepro.reports.index import INDEX, index_inputs
 
     return _stage("stages/reports_index.py", deps=index_inputs(paper_stages),
-                  outs=[{INDEX.as_posix(): {"cache": False}}])
+                  outs=uncached([INDEX.as_posix()]))
 
 
 def _is_code(dep: str) -> bool:
@@ -242,10 +259,9 @@ def benchmark_stages() -> dict:
     bench = _stage(
         "stages/benchmark.py", params=["benchmark", "train.optimizer", "train.lr", "train.weight_decay",
                                        "train.grad_clip"],
-        outs=[{"reports/benchmarks.md": {"cache": False}}], metrics=["metrics/benchmarks.json"])
+        outs=uncached(["reports/benchmarks.md", "metrics/benchmarks.json"]))
     bench_input = _stage(
-        "stages/bench_input.py", outs=[{"reports/input_pipeline.md": {"cache": False}}],
-        metrics=["metrics/input_pipeline.json"])
+        "stages/bench_input.py", outs=uncached(["reports/input_pipeline.md", "metrics/input_pipeline.json"]))
     return {"benchmark": {"wdir": "..", **bench}, "bench_input": {"wdir": "..", **bench_input}}
 
 
@@ -261,15 +277,14 @@ def study_stages() -> dict:
         out[f"study-{cell.name}"] = {"wdir": "..", **_stage(
             "stages/study_train.py", args=f"--cell {cell.name}",
             params=[{PARAMS_FILE.as_posix(): params.tracked_keys(cell)}],
-            metrics=[f"metrics/study/{cell.name}.json"])}
+            outs=uncached([f"metrics/study/{cell.name}.json"]))}
     out["study_probe"] = {"wdir": "..", **_stage(
         "stages/study_probe.py", params=[{PARAMS_FILE.as_posix(): ["study.datasets", "study.comparison.archs"]}],
-        metrics=["metrics/study_probe.json"])}
+        outs=uncached(["metrics/study_probe.json"]))}
     out["study_report"] = {"wdir": "..", **_stage(
         "stages/study_report.py",
         deps=[*(f"metrics/study/{cell.name}.json" for cell in params.cells()), "metrics/study_probe.json"],
-        outs=[{"reports/study.md": {"cache": False}}, {"reports/study.png": {"cache": False}}],
-        metrics=["metrics/study_summary.json"])}
+        **report_outs("study"))}
     return out
 
 
@@ -289,11 +304,9 @@ def segmentation_stages() -> dict:
             "stages/segment.py", deps=[SEG_CONFIGS, "data/raw/seg_canvases", "runs/table1"],
             params=["segmentation"],
             # checkpoints/seg: a local resume cache, not an output (see the train stages)
-            outs=["runs/seg"], metrics=["metrics/seg.json"]),
-        "table5": _stage(
-            "stages/table.py", args="--table 5", deps=["reports/paper", "metrics/seg.json"],
-            outs=[{"reports/table5.md": {"cache": False}}, {"reports/table5.png": {"cache": False}}],
-            metrics=["metrics/table5_summary.json"]),
+            outs=["runs/seg", *uncached(["metrics/seg.json"])]),
+        "table5": _stage("stages/table.py", args="--table 5", deps=["reports/paper", "metrics/seg.json"],
+                         **report_outs("table5")),
     }
 
 
@@ -303,17 +316,16 @@ def transfer_stages() -> dict:
 
     def table(n: int, metrics: str) -> dict:
         return _stage("stages/transfer_table.py", args=f"--table {n}", deps=["reports/paper", f"metrics/{metrics}.json"],
-                      outs=[{f"reports/table{n}.md": {"cache": False}}, {f"reports/table{n}.png": {"cache": False}}],
-                      metrics=[f"metrics/table{n}_summary.json"])
+                      **report_outs(f"table{n}"))
 
     return {
         "transfer_data": _stage("stages/transfer_data.py", params=["transfer_data"], outs=["data/transfer"]),
         "vtab": _stage("stages/vtab.py", deps=["data/transfer", f"runs/{VTAB_INIT_SWEEP}"],
-                       params=["input", "model", "train", "vtab"], metrics=["metrics/vtab.json"]),
+                       params=["input", "model", "train", "vtab"], outs=uncached(["metrics/vtab.json"])),
         "table3": table(3, "vtab"),
         "sun397_scratch": _stage("stages/sun397_scratch.py", deps=["data/transfer"],
                                  params=["input", "model", "train", "sun397_scratch"],
-                                 metrics=["metrics/sun397_scratch.json"]),
+                                 outs=uncached(["metrics/sun397_scratch.json"])),
         "table7": table(7, "sun397_scratch"),
     }
 
@@ -330,10 +342,8 @@ def lit_stages() -> dict:
         "lit_train": _stage("stages/train_lit.py", deps=["data/raw/lit_captions", *towers], params=lit_params,
                             outs=["runs/lit"]),
         "lit_evaluate": _stage("stages/evaluate_lit.py", deps=["runs/lit", *towers],
-                               params=[*lit_params, "lit.zeroshot"], metrics=["metrics/lit.json"]),
-        "table4": _stage("stages/table4.py", deps=["reports/paper", "metrics/lit.json"],
-                         outs=[{"reports/table4.md": {"cache": False}}, {"reports/table4.png": {"cache": False}}],
-                         metrics=["metrics/table4_summary.json"]),
+                               params=[*lit_params, "lit.zeroshot"], outs=uncached(["metrics/lit.json"])),
+        "table4": _stage("stages/table4.py", deps=["reports/paper", "metrics/lit.json"], **report_outs("table4")),
     }
 
 
@@ -370,18 +380,50 @@ BENCHMARKS_HEADER = """\
 """
 
 
-def render() -> str:
-    """The text of dvc.yaml."""
-    body = yaml.safe_dump({"stages": stages(), "plots": [
-        {"runs/table1/*/dvclive/plots/metrics/train/loss.tsv": {"x": "step", "y": "loss"}},
-        {"runs/table1/*/dvclive/plots/metrics/grad_norm/stem.tsv": {"x": "step", "y": "stem"}},
-        {"figure2_depth": {"x": "layer", "y": {"metrics/figure2_depth.csv": ["base", "dpn"]},
+# The training curves plotted for every run of a sweep: {plot: (the trainer's dvclive metric, its title)}
+CURVES = {"loss": ("train/loss", "training loss"), "lr": ("train/lr", "learning rate"),
+          "stem_grad_norm": ("grad_norm/stem", "gradient norm of the stem (before clipping)")}
+
+
+def curve_plots(params) -> list[dict]:
+    """``train-<sweep>/<curve>`` plots: one line per run of the sweep (arch × variant × stem × seed, as
+    ``training.run.sweep_runs`` trains them: tests/test_dvc_workflow.py checks they agree), from the dvclive
+    TSV the trainer writes inside ``runs/<sweep>/<run>/`` (DVC expands no globs in top-level plots). Not
+    imported from the trainer: reports_index imports this module and would depend on the training code."""
+    from itertools import product
+
+    from dpnrepro.artifacts import run_name
+
+    out = []
+    for sweep, sw in ((s, params.sweeps()[s]) for s in SWEEPS if s in params.sweeps()):
+        runs = [run_name(arch, stem, seed, variant)
+                for arch, variant, stem, seed in product(sw.archs, list(sw.variants) or [""], sw.stems, sw.seeds)]
+        for curve, (metric, title) in CURVES.items():
+            field = metric.rsplit("/", 1)[-1]
+            out.append({f"train-{sweep}/{curve}": {
+                "x": "step", "y": {f"runs/{sweep}/{run}/dvclive/plots/metrics/{metric}.tsv": field for run in runs},
+                "title": f"{sweep}: {title}, every run"}})
+    return out
+
+
+def plots(params) -> list[dict]:
+    """dvc.yaml's top-level plots: the training curves of every sweep, Fig. 2's CSVs and every report PNG."""
+    figure_csvs = [
+        {"figure2_depth": {"x": "layer", "y": {FIGURE_CSVS[0]: ["base", "dpn"]},
                            "template": "bar_horizontal", "title": "Fig. 2 (a): gradient norm vs depth"}},
-        {"figure2_embedding": {"x": "step", "y": {"metrics/figure2_embedding.csv": ["base", "dpn"]},
-                               "title": "Fig. 2 (b): stem gradient norm over training"}},
-        {"reports/figure1.png": {}}, {"reports/figure2.png": {}}, {"reports/figure3.png": {}},
-        {"reports/figure4.png": {}}]},
-        sort_keys=False, width=120)
+        {"figure2_embedding": {"x": "step", "y": {FIGURE_CSVS[1]: ["base", "dpn"]},
+                               "title": "Fig. 2 (b): stem gradient norm over training"}}]
+    pngs = [next(iter(o)) for body in stages().values() for o in body.get("outs", [])
+            if isinstance(o, dict) and next(iter(o)).endswith(".png")]
+    return [*curve_plots(params), *figure_csvs, *({png: {}} for png in pngs)]
+
+
+def render() -> str:
+    """The text of dvc.yaml (its plots list the runs of the active profile, params.yaml)."""
+    from dpnrepro.config import load_params
+
+    body = yaml.safe_dump({"stages": stages(), "plots": plots(load_params(ROOT / "params.yaml"))},
+                          sort_keys=False, width=120)
     return HEADER + body
 
 

@@ -262,5 +262,9 @@ def render_markdown(res: dict) -> str:
         "kernels for Rotate/ShearX/ShearY, ≲1 grey level mean abs difference; DCT-domain pre-downscale for "
         "crops ≥ 2x the output size, never at 224 px from these ~500 px photos).",
         "",
+        "Every CPU input path on a JPEG folder read from disk (the full profile's `crop_sampler: big_vision` "
+        "included), the cores each needs for B/16's rate, and `prepare` of the folder per `data.storage`: "
+        "[input_folder.md](input_folder.md) (`scripts/bench_folder.py`).",
+        "",
     ]
     return "\n".join(lines)

@@ -41,7 +41,6 @@ import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -235,7 +234,7 @@ class _Contender:
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
-            return loss.detach().clone() if loss_step.cudagraphs else loss.detach()
+            return loss_step.kept(loss)
 
         self.step: Callable[[], torch.Tensor] = step
         self.optimizer = optimizer
@@ -269,21 +268,19 @@ class _Contender:
 
 
 def photo_batch(batch_size: int, img_size: int) -> torch.Tensor:
-    """A uint8 (B, 3, S, S) batch of the benchmark's real photos (resize_small + central_crop), cycled."""
+    """A uint8 (B, 3, S, S) batch of the benchmark's real photos (the eval pipeline's resize_small +
+    central_crop, data/loader.py), cycled."""
     from PIL import Image
+    from torchvision.transforms import v2
 
     from dpnrepro.benchmarks.input_pipeline import load_photos
+    from dpnrepro.data.loader import resize_ops
 
+    to_crop = v2.Compose([*resize_ops(img_size, squash=False), v2.PILToTensor()])
     crops = []
     for blob in load_photos()[0]:
         with Image.open(io.BytesIO(blob)) as im:
-            w, h = im.size
-            f = img_size / min(w, h)
-            im = im.convert("RGB").resize((max(img_size, round(w * f)), max(img_size, round(h * f))),
-                                          Image.Resampling.BILINEAR)
-            left, top = (im.width - img_size) // 2, (im.height - img_size) // 2
-            im = im.crop((left, top, left + img_size, top + img_size))
-        crops.append(torch.from_numpy(np.asarray(im).transpose(2, 0, 1).copy()))
+            crops.append(to_crop(im.convert("RGB")))
     return torch.stack([crops[i % len(crops)] for i in range(batch_size)])
 
 

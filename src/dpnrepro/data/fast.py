@@ -574,7 +574,10 @@ class FastTrainTransform:
 def undecoded(ds):
     """``ds`` with its ``image`` column left as encoded bytes (``datasets.Image(decode=False)``), so the fast
     transform sees the JPEG and can decode at reduced scale; PIL images work too, just without that.
-    Anything else (a :class:`~dpnrepro.data.pixel_store.PixelStoreSplit`) is returned as it is."""
+    A :class:`~dpnrepro.data.source_index.SourceSplit` gives file paths; anything else (a
+    :class:`~dpnrepro.data.pixel_store.PixelStoreSplit`) is returned as it is."""
     import datasets
 
+    if hasattr(ds, "undecoded"):
+        return ds.undecoded()
     return ds.cast_column("image", datasets.Image(decode=False)) if isinstance(ds, datasets.Dataset) else ds

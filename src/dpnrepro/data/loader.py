@@ -56,12 +56,13 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
         from timm.data.random_erasing import RandomErasing
 
         erase = [RandomErasing(probability=cfg["random_erasing"], mode="pixel", device="cpu")]
+    as_uint8 = uint8 and not erase  # random erasing works on the scaled float tensor
     if train and cfg.get("backend", "pil") == "fast":
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
                                   crop_min_area=cfg.get("crop_min_area", 0.05),
                                   crop_sampler=cfg.get("crop_sampler", "torchvision"),
-                                  squash=cfg.get("squash", False), uint8=uint8 and not erase)
+                                  squash=cfg.get("squash", False), uint8=as_uint8)
         return v2.Compose([fast, *erase]) if erase else fast
     mode = {1: "L", 3: "RGB"}[cfg["channels"]]
     ops = [v2.Lambda(lambda im: im.convert(mode) if im.mode != mode else im)]
@@ -85,19 +86,22 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
     else:
         ops += resize_ops(size, squash=cfg.get("squash", False), resize=cfg.get("eval_resize", size))
     ops.append(v2.PILToTensor())
-    if not (uint8 and not erase):
+    if not as_uint8:
         ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * cfg["channels"], [0.5] * cfg["channels"])]
     return v2.Compose(ops + erase)
 
 
 def load_split(prepared_dir: str | Path, split: str):
-    """The prepared ``datasets.Dataset`` of one split."""
+    """The prepared ``datasets.Dataset`` of one split (a :class:`~dpnrepro.data.source_index.SourceSplit`
+    reading from the source folder with ``data.storage: source``)."""
     import datasets
 
     path = Path(prepared_dir) / split
     if not path.exists():
         raise DatasetError(f"prepared split {path} does not exist; run `dvc repro prepare` first")
-    return datasets.load_from_disk(str(path))
+    from dpnrepro.data.source_index import source_split
+
+    return source_split(datasets.load_from_disk(str(path)), prepared_dir)  # data.storage: source
 
 
 _MIX_SEED, _MIX_MUL, _U64 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0xFFFFFFFFFFFFFFFF

@@ -4,7 +4,9 @@ The split protocol is the paper's (appendix C): train on ``train[:99%]``, select
 ``train[99%:]`` (a stratified random 1 %, as big_vision's slice of shuffled records; see
 :func:`stratified_holdout`), report the official validation split. Pretraining datasets
 (``eval_split: null``) get no validation split. The result is a ``save_to_disk`` directory per
-split plus ``manifest.json`` (counts, class balance, content hash), written atomically.
+split plus ``manifest.json`` (counts, class balance, content hash), written atomically. With
+``data.storage: source`` (large image folders) a split directory holds an index of the source's files
+(relative path, label, sha256) instead of a copy of the images (data/source_index.py).
 """
 
 from __future__ import annotations
@@ -126,17 +128,8 @@ def attach_label_sets(ds, cfg: dict):
     return ds.remove_columns("label") if "label" in ds.column_names else ds
 
 
-def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
-    """Decode every image and check every label; return the dataset (minus skipped images).
-
-    Labels are a ``label`` id or, for multi-label splits, a non-empty ``labels`` list of ids. A corrupt
-    image is an error naming the file, unless ``skip_corrupt`` (then it is counted and dropped, and the
-    count is returned in the manifest).
-    """
-    import datasets
-    from PIL import Image
-
-    raw = ds.cast_column("image", datasets.Image(decode=False))
+def _label_sets(raw, name: str, num_classes: int) -> list[list[int]]:
+    """Every example's label ids (a ``label`` id or a ``labels`` list), each checked against ``num_classes``."""
     multi = "labels" in raw.column_names
     label_sets = [list(x) for x in raw["labels"]] if multi else [[x] for x in raw["label"]]
     if len(label_sets) == 0:
@@ -150,31 +143,34 @@ def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
                 f"split {name!r} example {i} has label {bad[0]} outside [0, {num_classes}); "
                 "fix the labels or data.num_classes"
             )
+    return label_sets
+
+
+def _corrupt(where: str, error: str) -> DatasetError:
+    return DatasetError(f"corrupt image {where}: {error}; remove or replace it, "
+                        "or set data.skip_corrupt: true to drop such files with a warning")
+
+
+def _split_stats(name: str, label_sets: list, file_digests: list, where: list, num_classes: int,
+                 skip_corrupt: bool) -> tuple[list[int], list[bytes], dict]:
+    """Kept example indices, their file digests, and the split's stats from per-example ``file_digests``
+    (sha256 of the file, or the error text of a corrupt one; ``where`` names each file for errors)."""
     keep, corrupt = [], []
     digest = hashlib.sha256()
-    for i, item in enumerate(tqdm(raw["image"], desc=f"check {name}", unit="img", leave=False)):
-        where = item.get("path") or f"{name}[{i}]"
-        try:
-            data = item["bytes"] if item.get("bytes") is not None else Path(item["path"]).read_bytes()
-            with Image.open(io.BytesIO(data)) as im:
-                im.load()
-        except Exception as exc:
+    for i, d in enumerate(file_digests):
+        if isinstance(d, str):
             if not skip_corrupt:
-                raise DatasetError(
-                    f"corrupt image {where}: {type(exc).__name__}: {exc}; remove or replace it, "
-                    "or set data.skip_corrupt: true to drop such files with a warning"
-                ) from exc
-            corrupt.append(str(where))
+                raise _corrupt(where[i], d)
+            corrupt.append(str(where[i]))
             continue
         keep.append(i)
-        digest.update(hashlib.sha256(data).digest())
+        digest.update(d)
         digest.update(np.asarray(label_sets[i], dtype="<i4").tobytes())
     if corrupt:
         print(f"warning: skipped {len(corrupt)} corrupt image(s) in split {name!r}, e.g. {corrupt[0]}")
-        ds = ds.select(keep)
     counts = np.bincount(np.concatenate([np.asarray(label_sets[i], dtype=np.int64) for i in keep]),
                          minlength=num_classes)
-    return ds, {
+    return keep, [file_digests[i] for i in keep], {
         "examples": len(keep),
         "class_counts": counts.tolist(),
         "skipped_corrupt": len(corrupt),
@@ -182,13 +178,67 @@ def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
     }
 
 
-def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
-    """Prepare the configured dataset into ``out_dir``; returns the manifest."""
+def check_split(ds, name: str, num_classes: int, skip_corrupt: bool = False):
+    """Decode every image and check every label; return the dataset (minus skipped images).
+
+    Labels are a ``label`` id or, for multi-label splits, a non-empty ``labels`` list of ids. A corrupt
+    image is an error naming the file, unless ``skip_corrupt`` (then it is counted and dropped, and the
+    count is returned in the manifest).
+    """
+    import datasets
+    from PIL import Image
+
+    raw = ds.cast_column("image", datasets.Image(decode=False))
+    label_sets = _label_sets(raw, name, num_classes)
+    digests, where = [], []
+    for i, item in enumerate(tqdm(raw["image"], desc=f"check {name}", unit="img", leave=False)):
+        where.append(item.get("path") or f"{name}[{i}]")
+        try:
+            data = item["bytes"] if item.get("bytes") is not None else Path(item["path"]).read_bytes()
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+        except Exception as exc:
+            if not skip_corrupt:
+                raise _corrupt(where[i], f"{type(exc).__name__}: {exc}") from exc
+            digests.append(f"{type(exc).__name__}: {exc}")
+            continue
+        digests.append(hashlib.sha256(data).digest())
+    keep, _, stats = _split_stats(name, label_sets, digests, where, num_classes, skip_corrupt)
+    return (ds.select(keep) if stats["skipped_corrupt"] else ds), stats
+
+
+def check_indexed_split(ds, name: str, num_classes: int, root: str | Path, workers: int = 0,
+                        skip_corrupt: bool = False):
+    """:func:`check_split` of a ``source``-storage index (``path`` relative to ``root``): the files are
+    read and decoded in ``workers`` processes, and each kept row gets its file's ``sha256``."""
+    import datasets
+
+    from dpnrepro.data.source_index import check_files
+
+    label_sets = _label_sets(ds, name, num_classes)
+    where = [str(Path(root) / p) for p in ds["path"]]
+    results = check_files(where, workers, desc=f"check {name}")
+    digests = [d if d is not None else err for d, err in results]
+    keep, kept_digests, stats = _split_stats(name, label_sets, digests, where, num_classes, skip_corrupt)
+    if stats["skipped_corrupt"]:
+        ds = ds.select(keep)
+    return ds.add_column("sha256", kept_digests, feature=datasets.Value("binary")), stats
+
+
+def prepare_dataset(cfg: dict, out_dir: str | Path, workers: int = 0) -> dict:
+    """Prepare the configured dataset into ``out_dir``; returns the manifest. ``workers``: processes that
+    check the files of a ``storage: source`` dataset (0 = one per CPU; an execution setting)."""
     out_dir = Path(out_dir)
     wanted = {"train": cfg["train_split"]}
     if cfg.get("eval_split") is not None:
         wanted["val"] = cfg["eval_split"]
-    raw = load_source(cfg["format"], cfg["source"], wanted)
+    indexed = cfg.get("storage", "copy") == "source"
+    if indexed:  # an index of the files, read from the source at training time (data/source_index.py)
+        from dpnrepro.data.source_index import index_image_folder
+
+        raw = index_image_folder(cfg["source"], wanted)
+    else:
+        raw = load_source(cfg["format"], cfg["source"], wanted)
     found = raw["train"].features.get("label")
     n_found = getattr(found, "num_classes", None)
     parents = cfg.get("label_parents")
@@ -204,9 +254,15 @@ def prepare_dataset(cfg: dict, out_dir: str | Path) -> dict:
     manifest = {"dataset": cfg["name"], "source": str(cfg["source"]), "format": cfg["format"], "splits": {}}
     if cfg.get("multi_label"):
         manifest["multi_label"] = True
+    if indexed:
+        manifest["storage"] = "source"
     with atomic_dir(out_dir) as tmp:
         for name in (s for s in SPLITS if s in splits):
-            ds, stats = check_split(splits[name], name, cfg["num_classes"], cfg.get("skip_corrupt", False))
+            if indexed:
+                ds, stats = check_indexed_split(splits[name], name, cfg["num_classes"], cfg["source"], workers,
+                                                cfg.get("skip_corrupt", False))
+            else:
+                ds, stats = check_split(splits[name], name, cfg["num_classes"], cfg.get("skip_corrupt", False))
             warn_if_unbalanced(name, stats["class_counts"][: len(parents) if parents is not None else None])
             # A content-derived fingerprint: `datasets` fingerprints an imagefolder by its files' paths and
             # mtimes, which would make the saved state.json (so the DVC hash) differ on every machine.

@@ -1,13 +1,17 @@
 """LiT runs from validated params: train every (tower, seed) text tower (stage `lit_train`; scored by
-``lit/evaluate.py``, stage `lit_evaluate`). One process per stage; image embeddings once per tower.
+``lit/evaluate.py``, stage `lit_evaluate`). One process group per stage (``runtime.devices`` processes,
+launched as every training stage is); image embeddings once per tower.
 
 A LiT run lives in ``runs/lit/<sweep>/<arch>_<stem>_s<tower seed>/lit_s<seed>/``: ``text.safetensors``
 (the text tower and ``log_temperature``) and ``lit.json`` (what it was trained on and with, including the
-sha256 of the image tower's weights, checked unchanged after training and again before evaluation).
+sha256 of the image tower's weights, checked unchanged after training and again before evaluation, and the
+run's fingerprint) and ``dvclive/`` (loss, lr, temperature). Each run directory is written atomically on
+its own, so a failing run leaves the finished ones in place; resumable state in ``checkpoints/lit/...``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -16,6 +20,7 @@ from dpnrepro.errors import UserError
 from dpnrepro.lit.towers import LiT, LockedImageTower, build_text_tower, state_digest, tokenizer
 
 LIT_RUNS = Path("runs/lit")
+LIT_CHECKPOINTS = Path("checkpoints/lit")  # resumable state per run (a local resume cache, as checkpoints/<sweep>)
 TEXT_FILE, SPEC_FILE = "text.safetensors", "lit.json"
 
 
@@ -65,58 +70,134 @@ def text_state(lit: LiT) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in lit.state_dict().items() if not k.startswith("image.")}
 
 
-def train_lit(params, *, progress: bool = True) -> list[Path]:
-    """Train every LiT run of ``params.lit`` into ``runs/lit`` (atomically replaced)."""
-    from safetensors.torch import save_file
+def lit_session(params):
+    """The launch and the one process group of the `lit_train` stage (training/launch.py): with
+    ``runtime.devices > 1`` outside torchrun it starts the job's processes and exits; in each of them
+    (or the only process) it yields the context every LiT run of the stage shares."""
+    from dpnrepro.training import launch
 
-    from dpnrepro.cli import hardware_label
-    from dpnrepro.io import atomic_dir, write_json_atomic
+    pin_lit_threads()
+    return launch.stage_session(params.runtime, params.lit.train.device, params.lit.train.deterministic)
+
+
+def run_fingerprint(lp, *, arch: str, tower_digest: str, seed: int, corpus: str) -> str:
+    """Everything a LiT run's result depends on: a checkpoint or run directory with another is redone."""
+    from dpnrepro.codedeps import ROOT, code_files
+    from dpnrepro.training.trainer import fingerprint
+
+    # the code `lit_train` runs (what its DVC fingerprint lists): after a code change a rerun retrains
+    # instead of restoring a checkpoint written by the old code (training/trainer.py does the same for
+    # the train stages, over stages/train.py's files)
+    code = {rel: hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() for rel in code_files("stages/train_lit.py")}
+    return fingerprint(lp.data.model_dump(), lp.context_length, lp.text[arch].model_dump(), lp.temperature_init,
+                       lp.train.model_dump(), tower_digest, seed, corpus, code)
+
+
+def _complete(out: Path, fp: str) -> bool:
+    import json
+
+    try:
+        return json.loads((out / SPEC_FILE).read_text()).get("fingerprint") == fp and (out / TEXT_FILE).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def train_lit(params, *, progress: bool = True) -> list[Path]:
+    """Train every LiT run of ``params.lit`` into its own ``runs/lit/...`` directory (each written
+    atomically by rank 0; a complete one with the same fingerprint is kept, not retrained), resumable
+    from ``checkpoints/lit/...``. Under torchrun every rank trains its shard of each global batch."""
     from dpnrepro.lit.data import load_caption_corpus
-    from dpnrepro.lit.train import embed_images, train_text_tower
-    from dpnrepro.training import determinism
-    from dpnrepro.training.distributed import resolve_device
+    from dpnrepro.lit.train import embed_images
+    from dpnrepro.training import determinism, distributed
 
     lp = params.lit
     cfg = lp.train
     pin_lit_threads()
     determinism.configure(cfg.deterministic)
-    device = resolve_device(cfg.device)
+    distributed.check_layout(cfg.batch_size, params.runtime.model_copy(update={"accum_steps": 1}),
+                             distributed.env_world()[1])
     corpus = load_caption_corpus(lp.data.source, split=lp.data.split, image_column=lp.data.image_column,
                                  text_column=lp.data.text_column, examples=lp.data.examples)
     if len(corpus) < cfg.batch_size:
         raise UserError(f"image-caption corpus has {len(corpus)} pairs, fewer than lit.train.batch_size "
                         f"({cfg.batch_size})")
     tokens = tokenizer(lp.context_length)(corpus["text"])
+    corpus_id = hashlib.sha256(tokens.numpy().tobytes() + getattr(corpus, "_fingerprint", "").encode()).hexdigest()
     images = corpus["image"]
     written = []
-    with atomic_dir(LIT_RUNS) as tmp:
+    with distributed.session(cfg.device) as ctx:
         for sweep, arch, stem in tower_runs(lp):
             path = run_dir(sweep, arch, stem, lp.towers.seed)
             tower, transform = load_tower(path)
             digest = state_digest(tower)
-            image_emb = embed_images(tower, images, transform, batch_size=params.runtime.eval_batch_size,
-                                     device=device, desc=f"embed {sweep}/{path.name}", progress=progress)
+            image_emb = None
             for seed in lp.seeds:
-                torch.manual_seed(seed)
-                lit = build_lit(tower, lp, arch)
-                stats = train_text_tower(lit, image_emb, tokens, cfg, seed=seed, device=device, progress=progress,
-                                         desc=f"lit {sweep}/{path.name} s{seed}")
-                if state_digest(tower) != digest:
-                    raise RuntimeError(f"the locked image tower {path} changed during LiT training")
-                out = lit_run_dir(sweep, arch, stem, lp.towers.seed, seed, tmp)
-                out.mkdir(parents=True)
-                save_file(text_state(lit), str(out / TEXT_FILE))
-                write_json_atomic(out / SPEC_FILE, {
-                    "profile": params.profile, "sweep": sweep, "arch": arch, "stem": stem,
-                    "tower": str(path), "tower_seed": lp.towers.seed, "tower_sha256": digest, "seed": seed,
-                    "embed_dim": tower.embed_dim, "context_length": lp.context_length,
-                    "text": lp.text[arch].model_dump(), "temperature_init": lp.temperature_init,
-                    "train": cfg.model_dump(), "data": {**lp.data.model_dump(), "pairs": len(corpus)},
-                    "hardware": hardware_label(), **stats})
-                written.append(lit_run_dir(sweep, arch, stem, lp.towers.seed, seed))
-                print(f"{written[-1]}: loss {stats['loss_first']:.3f} -> {stats['loss_last']:.3f}, "
-                      f"t {stats['temperature']:.2f}")
+                out = lit_run_dir(sweep, arch, stem, lp.towers.seed, seed)
+                fp = run_fingerprint(lp, arch=arch, tower_digest=digest, seed=seed, corpus=corpus_id)
+                if distributed.broadcast_object(ctx, _complete(out, fp) if ctx.is_main else None):
+                    if ctx.is_main:
+                        print(f"{out}: complete, kept")
+                    written.append(out)
+                    continue
+                if image_emb is None:
+                    image_emb = embed_images(tower, images, transform, batch_size=params.runtime.eval_batch_size,
+                                             device=ctx.device, desc=f"embed {sweep}/{path.name}",
+                                             progress=progress and ctx.is_main)
+                job = LitJob(params, sweep=sweep, arch=arch, stem=stem, seed=seed, tower=tower, tower_path=path,
+                             digest=digest, fingerprint=fp, pairs=len(corpus))
+                written.append(job.run(image_emb, tokens, ctx, progress=progress))
+                distributed.barrier(ctx)  # the other ranks go on once rank 0 has written the run
     return written
+
+
+class LitJob:
+    """One (tower, seed) LiT run: trains (every rank) and writes its run directory (rank 0, atomically)."""
+
+    def __init__(self, params, *, sweep, arch, stem, seed, tower, tower_path, digest, fingerprint, pairs):
+        self.params, self.lp = params, params.lit
+        self.sweep, self.arch, self.stem, self.seed = sweep, arch, stem, seed
+        self.tower, self.tower_path, self.digest, self.fp, self.pairs = tower, tower_path, digest, fingerprint, pairs
+        self.out = lit_run_dir(sweep, arch, stem, self.lp.towers.seed, seed)
+        self.ckpt = LIT_CHECKPOINTS / self.out.relative_to(LIT_RUNS)
+
+    def fit(self, image_emb, tokens, ctx, live, progress):
+        from dpnrepro.lit.train import train_text_tower
+
+        torch.manual_seed(self.seed)
+        lit = build_lit(self.tower, self.lp, self.arch)
+        rt = self.params.runtime
+        stats = train_text_tower(lit, image_emb, tokens, self.lp.train, seed=self.seed, device=ctx.device,
+                                 progress=progress, desc=f"lit {self.sweep}/{self.tower_path.name} s{self.seed}",
+                                 ctx=ctx, chunk_size=self.lp.runtime.chunk_size, ckpt_dir=self.ckpt,
+                                 fingerprint=self.fp, ckpt_every=rt.ckpt_every, log_every=rt.log_every, live=live)
+        if state_digest(self.tower) != self.digest:
+            raise RuntimeError(f"the locked image tower {self.tower_path} changed during LiT training")
+        return lit, stats
+
+    def run(self, image_emb, tokens, ctx, *, progress: bool = True) -> Path:
+        from dvclive import Live
+        from safetensors.torch import save_file
+
+        from dpnrepro.cli import hardware_label
+        from dpnrepro.io import atomic_dir, write_json_atomic
+
+        if not ctx.is_main:
+            self.fit(image_emb, tokens, ctx, None, False)
+            return self.out
+        lp, cfg = self.lp, self.lp.train
+        with atomic_dir(self.out) as tmp:
+            with Live(dir=str(tmp / "dvclive"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+                lit, stats = self.fit(image_emb, tokens, ctx, live, progress)
+            save_file(text_state(lit), str(tmp / TEXT_FILE))
+            write_json_atomic(tmp / SPEC_FILE, {
+                "profile": self.params.profile, "sweep": self.sweep, "arch": self.arch, "stem": self.stem,
+                "tower": str(self.tower_path), "tower_seed": lp.towers.seed, "tower_sha256": self.digest,
+                "seed": self.seed, "embed_dim": self.tower.embed_dim, "context_length": lp.context_length,
+                "text": lp.text[self.arch].model_dump(), "temperature_init": lp.temperature_init,
+                "train": cfg.model_dump(), "data": {**lp.data.model_dump(), "pairs": self.pairs},
+                "hardware": hardware_label(), "fingerprint": self.fp, **stats})
+        print(f"{self.out}: loss {stats['loss_first']:.3f} -> {stats['loss_last']:.3f}, t {stats['temperature']:.2f}")
+        return self.out
 
 
 def describe_lit(lp) -> str:

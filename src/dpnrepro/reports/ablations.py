@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import pyplot, read_metrics, save_png, write_report
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
@@ -279,6 +280,7 @@ def _seeds(metrics: dict) -> list[int]:
 # ---------------------------------------------------------------------------------------------------
 
 
+HEADLINES = {"table6": headline.table6, "figure1": headline.figure1}
 BUILDERS = {
     "table6": ("table6", summarize_table6, render_table6_markdown, render_table6_figure),
     "figure1": ("figure1", summarize_figure1, render_figure1_markdown, render_figure1_figure),
@@ -292,4 +294,4 @@ def build_report(report: str, metrics_dir: str | Path = "metrics", reports_dir: 
     metrics = read_metrics(metrics_dir / f"{sweep}.json", f"evaluate-{report}")
     summary = summarize(metrics)
     return write_report(report, render_md(metrics, summary), lambda png: render_png(metrics, summary, png), summary,
-                        metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        headline=HEADLINES[report](summary), metrics_dir=metrics_dir, reports_dir=reports_dir)

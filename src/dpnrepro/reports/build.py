@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpnrepro.config import SWEEPS
+from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import read_metrics, write_report
 from dpnrepro.reports.tables import render_figure, render_markdown, summarize_sweep, table_sweeps
 
@@ -29,4 +30,4 @@ def build_table(table: int, metrics_dir: str | Path = "metrics", reports_dir: st
     summaries = {s: summarize_sweep(m) for s, m in metrics.items()}
     return write_report(f"table{table}", render_markdown(table, metrics, summaries, context),
                         lambda png: render_figure(table, summaries, context, png), summaries,
-                        metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        headline=headline.tables_1_2(summaries), metrics_dir=metrics_dir, reports_dir=reports_dir)

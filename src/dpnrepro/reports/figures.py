@@ -21,6 +21,7 @@ from pathlib import Path
 from dpnrepro.artifacts import read_config
 from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import pyplot, save_png
 from dpnrepro.reports.stats import mean_ci95
 
@@ -288,10 +289,12 @@ def build_figures(fig_params, runs_root: str | Path = "runs", reports_dir: str |
     ]))
     written += [reports_dir / "figure3.md", reports_dir / "figure3.png"]
 
-    write_json_atomic(metrics_dir / "figures_summary.json", {
+    summary = {
         "sweep": fig_params.sweep, "last_steps": last,
         "figure2": {"arch": arch2, "depth": prof2, "embedding": curve, "stem_ratio_dpn_over_base": stem_ratio},
         "figure4": profiles4,
         "figure3": {"run": run3["path"].name, "scale": scale.tolist()},
-    })
+    }
+    write_json_atomic(metrics_dir / "figures_summary.json", summary)
+    headline.write_headline("figures", headline.figures(summary), metrics_dir)
     return written + [metrics_dir / "figures_summary.json"]

@@ -107,7 +107,8 @@ def report_entries(dvc_stages: dict) -> list[ReportEntry]:
         outs = [p for p in _paths(body.get("outs"))
                 if re.fullmatch(r"reports/[^/]+\.md", p) and p != INDEX.as_posix()]
         deps = _paths(body.get("deps"))
-        summaries = [p for p in _paths(body.get("metrics")) if p.endswith("_summary.json")]
+        summaries = [p for p in _paths([*body.get("outs", []), *body.get("metrics", [])])
+                     if p.endswith("_summary.json")]
         runs = tuple(d for d in deps if re.fullmatch(r"runs/[^/]+", d))
         metrics = tuple(d for d in deps if re.fullmatch(r"metrics/[^/]+\.json", d)) + \
             tuple(f"metrics/{r.removeprefix('runs/')}.json" for r in runs)

@@ -46,15 +46,18 @@ def finish_delta_axes(axes) -> None:
         ax.grid(axis="x", alpha=0.3)
 
 
-def write_report(name: str, markdown: str, draw: Callable[[Path], None], summary, *, metrics_dir: Path,
-                 reports_dir: Path) -> list[Path]:
-    """Write ``reports/<name>.md``, ``reports/<name>.png`` (``draw(path)``, which saves through :func:`save_png`)
-    and ``metrics/<name>_summary.json``, each atomically; returns their paths."""
+def write_report(name: str, markdown: str, draw: Callable[[Path], None], summary, *, headline: dict,
+                 metrics_dir: Path, reports_dir: Path) -> list[Path]:
+    """Write ``reports/<name>.md``, ``reports/<name>.png`` (``draw(path)``, which saves through :func:`save_png`),
+    ``metrics/<name>_summary.json`` and beside it its headline numbers ``metrics/headline/<name>.json``
+    (:mod:`dpnrepro.reports.headline`), each atomically; returns the paths of the first three."""
     from dpnrepro.io import write_json_atomic, write_text_atomic
+    from dpnrepro.reports.headline import write_headline
 
     reports_dir.mkdir(exist_ok=True)
     md, png, out = reports_dir / f"{name}.md", reports_dir / f"{name}.png", metrics_dir / f"{name}_summary.json"
     write_text_atomic(md, markdown)
     draw(png)
     write_json_atomic(out, summary)
+    write_headline(name, headline, metrics_dir)
     return [md, png, out]

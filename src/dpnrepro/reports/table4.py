@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import finish_delta_axes, read_metrics, write_report
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
@@ -186,4 +187,5 @@ def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = 
     metrics = read_metrics(metrics_dir / "lit.json", "lit_evaluate")
     summary = summarize(metrics)
     return write_report("table4", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
-                        summary, metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        summary, headline=headline.table4(summary, metrics["headline"]), metrics_dir=metrics_dir,
+                        reports_dir=reports_dir)

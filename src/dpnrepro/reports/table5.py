@@ -11,6 +11,7 @@ import json
 from fractions import Fraction
 from pathlib import Path
 
+from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import read_metrics, write_report
 from dpnrepro.reports.paper import as_float, load_paper_table
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
@@ -122,4 +123,4 @@ def build_table5(metrics_dir: str | Path = "metrics", reports_dir: str | Path = 
     metrics = read_metrics(metrics_dir / "seg.json", "segment")
     summary = summarize(metrics)
     return write_report("table5", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
-                        summary, metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        summary, headline=headline.table5(summary), metrics_dir=metrics_dir, reports_dir=reports_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import finish_delta_axes, pyplot, read_metrics, save_png, write_report
 from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
@@ -290,6 +291,7 @@ def figure_table7(summary: dict, metrics: dict, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
+HEADLINES = {3: headline.table3, 7: headline.table7}
 BUILD = {3: (summarize_vtab, render_table3, figure_table3), 7: (summarize_scratch, render_table7, figure_table7)}
 
 
@@ -299,4 +301,4 @@ def build_transfer_table(table: int, metrics_dir: str | Path = "metrics", report
     summarize, render, figure = BUILD[table]
     summary = summarize(metrics)
     return write_report(f"table{table}", render(metrics, summary), lambda png: figure(summary, metrics, png), summary,
-                        metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        headline=HEADLINES[table](summary), metrics_dir=metrics_dir, reports_dir=reports_dir)

@@ -5,13 +5,17 @@
 (``dataset.indices``, :func:`dpnrepro.data.segmentation.fraction_indices`), data root and pretraining
 run; the work directory (``checkpoints/seg/<run>``) holds mmengine's checkpoints, so a killed run
 resumes (:mod:`dpnrepro.segmentation.resume`). :func:`train_and_evaluate` trains with
-``Runner.train()`` and evaluates once with ``Runner.val()`` (sliding windows, ``IoUMetric``).
+``Runner.train()`` and evaluates once with ``Runner.val()`` (sliding windows, ``IoUMetric``), on
+this process's share of the stage's job (:mod:`dpnrepro.segmentation.execution`: DDP, AMP, seeds).
+
+The config a run saves is its recipe only, a function of the run: execution settings (resume, world
+size, experiment name, log level) go into a copy that the Runner alone sees, so a fresh and a resumed
+run, and a 1- and an N-process run, save the same ``config.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import shutil
 from pathlib import Path
 
@@ -19,7 +23,6 @@ from dpnrepro.data.segmentation import check_layout, fraction_indices, parse_fra
 
 RESULT_FILE = "result.json"
 FINGERPRINT_FILE = "fingerprint.txt"
-_experiments = itertools.count()
 
 
 def run_name(arch: str, stem: str, fraction: str, seed: int) -> str:
@@ -28,8 +31,12 @@ def run_name(arch: str, stem: str, fraction: str, seed: int) -> str:
 
 
 def run_config(config_file: str | Path, *, arch: str, stem: str, fraction: str, seed: int, data_root: str,
-               work_dir: str | Path, pretrained: str | Path | None = None, options: dict | None = None):
-    """The mmengine ``Config`` of one run (the config file's recipe; ``options`` as ``--cfg-options``)."""
+               work_dir: str | Path, pretrained: str | Path | None = None, options: dict | None = None,
+               device: str = "cpu"):
+    """The mmengine ``Config`` of one run (the config file's recipe; ``options`` as ``--cfg-options``) on
+    ``device`` (``cpu``/``cuda``: the optimizer wrapper, fp32 or bf16 AMP)."""
+    from dpnrepro.segmentation.execution import optim_wrapper_for
+
     from mmengine.config import Config
 
     from dpnrepro.errors import ParamsError
@@ -39,13 +46,17 @@ def run_config(config_file: str | Path, *, arch: str, stem: str, fraction: str, 
     cfg = Config.fromfile(str(config_file))
     cfg.merge_from_dict(dict(options or {}))
     cfg.work_dir = str(work_dir)
-    cfg.randomness = dict(seed=seed, deterministic=False)
+    # per-rank augmentation streams, one data order for every world size (execution.py, "Seeds")
+    cfg.randomness = dict(seed=seed, diff_rank_seed=True, deterministic=False)
+    cfg.optim_wrapper = optim_wrapper_for(cfg.optim_wrapper, device)
     cfg.model.backbone.arch = arch.replace("-", "/")
     cfg.model.backbone.stem = stem
     cfg.model.backbone.pretrained = str(pretrained) if pretrained else None
     cfg.load_from = None
     for loader in ("train_dataloader", "val_dataloader", "test_dataloader"):
         cfg[loader].dataset.data_root = str(data_root)
+        if cfg[loader].get("sampler") is not None:
+            cfg[loader].sampler.seed = seed
     check_eval_padding(cfg)
     ds = cfg.train_dataloader.dataset
     n_train = check_layout(data_root, **_suffixes(ds))["train"]
@@ -103,34 +114,52 @@ def fingerprint(cfg) -> str:
     return h.hexdigest()[:16]
 
 
-def train_and_evaluate(cfg, *, log_level: str = "WARNING") -> dict:
+def train_and_evaluate(cfg, *, ctx=None, log_level: str = "WARNING") -> dict:
     """Train (resuming from ``cfg.work_dir`` when it holds a checkpoint of the same config) and evaluate.
 
-    Returns ``{"mIoU", "mAcc", "aAcc"}`` (percent, IoUMetric), the trained segmentor's state dict under
-    ``"state_dict"`` and ``"train_images"``. A completed run's result is read back, not recomputed."""
+    ``ctx``: this process's :class:`~dpnrepro.training.distributed.DistContext` (None: one process; every
+    rank of a job calls this). Returns ``{"mIoU", "mAcc", "aAcc"}`` (percent, IoUMetric), the trained
+    segmentor's state dict under ``"state_dict"``, ``"train_images"`` and ``"iters"``."""
+    from mmengine.model import is_model_wrapper
     from mmengine.runner import Runner
 
+    from dpnrepro.segmentation.execution import execution_config
     from dpnrepro.segmentation.resume import safe_mmengine_load
+    from dpnrepro.training.distributed import DistContext, barrier
 
+    ctx = ctx or DistContext()
     work = Path(cfg.work_dir)
-    fp = fingerprint(cfg)
-    if (work / FINGERPRINT_FILE).exists() and (work / FINGERPRINT_FILE).read_text() != fp:
-        shutil.rmtree(work)  # a checkpoint of another recipe: start over
-    work.mkdir(parents=True, exist_ok=True)
-    (work / FINGERPRINT_FILE).write_text(fp)
-    cfg.resume = (work / "last_checkpoint").exists()
-    cfg.log_level = log_level
-    # mmengine singletons are per name; the visualizer's name is fixed in mmseg's default_runtime
-    # ('visualizer'), so without its own name every later Runner in this process (the sweep's runs) would
-    # log its config and scalars into the first run's directory. Set after the fingerprint: not recipe.
-    cfg.experiment_name = f"{work.name}_{next(_experiments)}"
-    if cfg.get("visualizer") is not None:
-        cfg.visualizer.name = cfg.experiment_name
-    runner = Runner.from_cfg(cfg)
-    with safe_mmengine_load():
-        runner.train()
-    metrics = runner.val()
-    state = {k: v.detach().cpu().contiguous() for k, v in runner.model.state_dict().items()}
+    if ctx.is_main:
+        fp = fingerprint(cfg)
+        if (work / FINGERPRINT_FILE).exists() and (work / FINGERPRINT_FILE).read_text() != fp:
+            shutil.rmtree(work)  # a checkpoint of another recipe: start over
+        work.mkdir(parents=True, exist_ok=True)
+        (work / FINGERPRINT_FILE).write_text(fp)
+    barrier(ctx)
+    run_cfg = execution_config(cfg, name=work.name, world_size=ctx.world_size, device_type=ctx.device.type,
+                               resume=(work / "last_checkpoint").exists(), log_level=log_level)
+    runner = Runner.from_cfg(run_cfg)
+    try:
+        with safe_mmengine_load():
+            runner.train()
+        metrics = runner.val()
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    finally:
+        release_instances(runner)
     return {"mIoU": float(metrics["mIoU"]), "mAcc": float(metrics["mAcc"]), "aAcc": float(metrics["aAcc"]),
             "train_images": len(cfg.train_dataloader.dataset.indices), "iters": int(cfg.train_cfg.max_iters),
             "state_dict": state}
+
+
+def release_instances(runner) -> None:
+    """Forget a finished Runner's named mmengine singletons (logger, message hub, visualizer), so a later
+    run of the same name in this process builds its own instead of logging into this run's."""
+    import logging
+
+    for obj in (runner.visualizer, runner.message_hub, runner.logger):
+        type(obj)._instance_dict.pop(obj.instance_name, None)
+    for handler in list(runner.logger.handlers):
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+            runner.logger.removeHandler(handler)

@@ -15,7 +15,9 @@ stochastic depth from torch's. :class:`ResumeStateHook` also stores the torch / 
 every checkpoint (as tensors and ints, no new globals) and :class:`ResumableIterBasedTrainLoop`
 restores them right after mmengine has advanced the data loader past the iterations already trained
 (advancing replays the loader, which draws from the same RNGs), so iteration ``k + 1`` sees the random
-state an uninterrupted run had.
+state an uninterrupted run had. Under DDP every rank has its own streams (``diff_rank_seed``, see
+execution.py) while rank 0 alone writes checkpoints, so when a checkpoint is due the hook gathers every
+rank's states first (one ``all_gather_object``) and each rank restores its own on resume.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from mmengine.registry import HOOKS, LOOPS
 from mmengine.runner import IterBasedTrainLoop
 
 RNG_KEY = "dpnrepro_rng"
+RANKS_RNG_KEY = "dpnrepro_rng_ranks"  # every rank's states, rank order (jobs of > 1 process)
 
 
 def _numpy_globals() -> list:
@@ -83,20 +86,47 @@ class ResumeStateHook(Hook):
     """Checkpoints that load under ``weights_only`` and resume bit-identically: the message hub as
     plain data, plus the RNG states (handed to the train loop when a run is resumed)."""
 
-    priority = "VERY_LOW"
+    # before the CheckpointHook (VERY_LOW): every rank's RNG states are gathered before rank 0 saves
+    priority = "LOW"
+    _ranks_rng: list | None = None
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if runner.world_size > 1 and _checkpoint_due(runner):
+            from mmengine.dist import all_gather_object
+
+            self._ranks_rng = all_gather_object(capture_rng())
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         hub = checkpoint.get("message_hub")
         if hub is not None:
             hub["log_scalars"] = _plain_buffers(hub.get("log_scalars", {}))
         checkpoint[RNG_KEY] = capture_rng()
+        if runner.world_size > 1 and self._ranks_rng is not None:
+            checkpoint[RANKS_RNG_KEY] = self._ranks_rng
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         hub = checkpoint.get("message_hub")
         if hub is not None:
             hub["log_scalars"] = _history_buffers(hub.get("log_scalars", {}))
-        if RNG_KEY in checkpoint and isinstance(runner.train_loop, ResumableIterBasedTrainLoop):
+        if not isinstance(runner.train_loop, ResumableIterBasedTrainLoop):
+            return
+        ranks = checkpoint.get(RANKS_RNG_KEY) or []
+        if len(ranks) == runner.world_size > 1:
+            runner.train_loop.rng_after_skip = ranks[runner.rank]
+        elif runner.world_size == 1 and RNG_KEY in checkpoint:
             runner.train_loop.rng_after_skip = checkpoint[RNG_KEY]
+        # another world size than the checkpoint's: ranks keep their seeded streams (not bit-identical)
+
+
+def _checkpoint_due(runner) -> bool:
+    """Whether mmengine's iteration-based CheckpointHook saves after this iteration (its own rule)."""
+    from mmengine.hooks import CheckpointHook
+
+    for hook in runner.hooks:
+        if isinstance(hook, CheckpointHook) and not hook.by_epoch:
+            return bool(hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
+                        or (hook.save_last and hook.is_last_train_iter(runner)))
+    return False
 
 
 class _RestoreAfter:

@@ -1,4 +1,7 @@
-"""The Table 5 sweep: every (stem, fraction, seed) run, resumable, then ``runs/seg`` and ``metrics/seg.json``."""
+"""The Table 5 sweep: every (stem, fraction, seed) run, resumable, then ``runs/seg`` and ``metrics/seg.json``.
+
+Every rank of the stage's job (training/launch.py) trains every run together; rank 0 alone writes run
+files, ``runs/seg`` and the metrics."""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ CKPT_ROOT, RUNS_ROOT, METRICS = Path("checkpoints/seg"), Path("runs/seg"), Path(
 WEIGHTS = "model.safetensors"
 
 
-def _run(params: Params, stem: str, fraction: str, seed: int) -> dict:
-    """One run's result (from its completed checkpoint directory, or trained now)."""
+def _run(params: Params, stem: str, fraction: str, seed: int, ctx) -> dict:
+    """One run's result (from its completed checkpoint directory, or trained now; written by rank 0)."""
     from safetensors.torch import save_file
 
     from dpnrepro.io import write_json_atomic
+    from dpnrepro.training.distributed import barrier
 
     seg = params.segmentation
     name = run_name(seg.arch, stem, fraction, seed)
@@ -27,24 +31,28 @@ def _run(params: Params, stem: str, fraction: str, seed: int) -> dict:
     if seg.pretrained_seed is not None:
         pretrained = pretraining_run_dir("table1", seg.arch, stem, seg.pretrained_seed)
     cfg = run_config(seg.config, arch=seg.arch, stem=stem, fraction=fraction, seed=seed, data_root=seg.data_root,
-                     work_dir=work, pretrained=pretrained, options=seg.options)
+                     work_dir=work, pretrained=pretrained, options=seg.options, device=ctx.device.type)
     fp = fingerprint(cfg)
     done = work / RESULT_FILE
     if done.exists() and (work / FINGERPRINT_FILE).read_text() == fp:
         return json.loads(done.read_text())
-    out = train_and_evaluate(cfg)
-    save_file(out.pop("state_dict"), str(work / f".{WEIGHTS}.tmp"))
-    (work / f".{WEIGHTS}.tmp").replace(work / WEIGHTS)
+    out = train_and_evaluate(cfg, ctx=ctx)
+    state = out.pop("state_dict")
     result = {"run": name, "stem": stem, "fraction": fraction, "seed": seed,
               "pretrained": str(pretrained) if pretrained else None, "fingerprint": fp, **out}
-    cfg.dump(str(work / "config.py"))
-    write_json_atomic(done, result)
+    if ctx.is_main:
+        save_file(state, str(work / f".{WEIGHTS}.tmp"))
+        (work / f".{WEIGHTS}.tmp").replace(work / WEIGHTS)
+        cfg.dump(str(work / "config.py"))  # the recipe: no execution setting, no process history
+        write_json_atomic(done, result)
+    barrier(ctx)  # no rank starts the next run (or reads this one back) before rank 0 has written it
     return result
 
 
-def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs: bool = True) -> list[Path]:
-    """Train / read back ``runs``; with ``write_outputs`` also write ``runs/seg`` and ``metrics/seg.json``
-    (every run of the params must then be among ``runs``)."""
+def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs: bool = True, ctx=None) -> list[Path]:
+    """Train / read back ``runs`` on this process's share of the job (``ctx``; None: one process); with
+    ``write_outputs`` rank 0 also writes ``runs/seg`` and ``metrics/seg.json`` (every run of the params
+    must then be among ``runs``)."""
     import shutil
 
     from tqdm import tqdm
@@ -52,8 +60,11 @@ def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs
     from dpnrepro.cli import hardware_label
     from dpnrepro.io import atomic_dir, write_json_atomic
 
-    results = [_run(params, *r) for r in tqdm(runs, desc="segmentation runs", unit="run")]
-    if not write_outputs:
+    from dpnrepro.training.distributed import DistContext
+
+    ctx = ctx or DistContext()
+    results = [_run(params, *r, ctx) for r in tqdm(runs, desc="segmentation runs", unit="run", disable=not ctx.is_main)]
+    if not write_outputs or not ctx.is_main:
         return []
     with atomic_dir(RUNS_ROOT) as tmp:
         for r in results:

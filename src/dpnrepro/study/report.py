@@ -14,6 +14,7 @@ from pathlib import Path
 from dpnrepro.config import arch_name
 from dpnrepro.errors import UserError
 from dpnrepro.models.vision_transformer_dpn import parse_arch
+from dpnrepro.reports import headline
 from dpnrepro.reports.ablations import TABLE6_STEMS
 from dpnrepro.reports.plotting import write_report
 from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
@@ -258,4 +259,4 @@ def build_study_report(metrics_dir: str | Path = "metrics", reports_dir: str | P
     probe_file = metrics_dir / PROBE_METRICS
     probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
     return write_report("study", render_markdown(cells, summary, probe), lambda png: render_figure(summary, png), summary,
-                        metrics_dir=metrics_dir, reports_dir=reports_dir)
+                        headline=headline.study(summary), metrics_dir=metrics_dir, reports_dir=reports_dir)

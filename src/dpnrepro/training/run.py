@@ -44,7 +44,11 @@ def sweep_session(params: Params, sweep: str):
     cfgs = [sweep_config(params, sweep, a, v) for a, _, _, v in sweep_runs(params, sweep)]
     if not cfgs:
         raise ParamsError(f"sweep {sweep!r} has no runs (archs x stems x seeds is empty)")
-    return launch.stage_session(cfgs[0].runtime, params.train.device, any(c.train.deterministic for c in cfgs))
+    devices = {c.train.device for c in cfgs}
+    if len(devices) > 1:
+        raise ParamsError(f"sweep {sweep!r} mixes train.device values {sorted(devices)}: one stage process trains on "
+                          "one device type")
+    return launch.stage_session(cfgs[0].runtime, devices.pop(), any(c.train.deterministic for c in cfgs))
 
 
 def train_sweep(params: Params, sweep: str, *, progress: bool = True) -> list[Path]:
@@ -68,8 +72,9 @@ def train_run(params: Params, *, sweep: str, arch: str, stem: str, seed: int, va
     """
     # Before the process group exists: strict determinism also makes torch pick deterministic NCCL
     # reductions (no NVLS) when the group is created (training/determinism.py).
-    determinism.configure(sweep_config(params, sweep, arch, variant).train.deterministic)
-    with distributed.session(params.train.device) as ctx:
+    train_cfg = sweep_config(params, sweep, arch, variant).train
+    determinism.configure(train_cfg.deterministic)
+    with distributed.session(train_cfg.device) as ctx:  # the run's own device (a recipe may override it)
         out = _train_run(params, sweep=sweep, arch=arch, stem=stem, seed=seed, variant=variant, progress=progress,
                          ctx=ctx)
         distributed.barrier(ctx)  # the other ranks exit once rank 0 has written the run directory

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import torch
 
 
-
 def unit_range(images: torch.Tensor) -> torch.Tensor:
     """uint8 images -> float32 in [-1, 1] on their device, bit-identical to both input backends' own scaling
     (torchvision's ops here; ``data/fast.py``'s ``x * float32(2/255) - 1`` gives the same float for every
@@ -42,7 +41,7 @@ class LossStep:
     ``compile``: one ``torch.compile`` graph for forward + loss (AOTAutograd compiles the backward too).
     ``cudagraphs`` (with ``compile``, CUDA only): ``mode="reduce-overhead"``, the forward and backward
     replayed as CUDA graphs; the returned loss lives in the graph's memory pool and is overwritten by the
-    next call: keep ``loss.detach().clone()``, not ``loss.detach()``, beyond it.
+    next call: keep :meth:`kept` of it, not the loss itself, beyond it.
     """
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], loss_fn, device: torch.device, *,
@@ -65,3 +64,7 @@ class LossStep:
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         return self._loss_of(x, targets)
+
+    def kept(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` detached, safe to keep past the next call (a CUDA graph's output is overwritten then)."""
+        return loss.detach().clone() if self.cudagraphs else loss.detach()

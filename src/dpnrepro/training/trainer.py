@@ -184,7 +184,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
             with contextlib.nullcontext() if k == accum - 1 else par.no_sync():
                 loss = loss_step(x, t)
                 (loss / accum if accum > 1 else loss).backward()  # mean over the global batch
-            loss = loss.detach().clone() if loss_step.cudagraphs else loss.detach()  # a graph's output is reused
+            loss = loss_step.kept(loss)
             loss_sum = loss if loss_sum is None else loss_sum + loss
         log_now = (step + 1) % runtime.log_every == 0 or step + 1 == train_cfg.steps
         layer_norms = grad_norms_by_layer(model) if log_now else None

@@ -1,0 +1,153 @@
+"""``data.storage: source``: prepare a large image folder without a second copy of its images.
+
+``prepare`` in the default ``copy`` storage decodes every image in one process and saves the splits
+with their image bytes (Arrow, ``save_to_disk``): for ImageNet-21k a second copy of ~1.3 TB that DVC
+hashes and caches. With ``storage: source`` it lists the ``<source>/<split>/<class>/<file>`` tree itself,
+checks every file in ``runtime.prepare_workers`` processes (read, sha256, full decode), and saves per
+split an *index*: the file's path relative to ``data.source``, its label(s) and its sha256. Counts, class
+balance and the split's content hash in ``manifest.json`` are computed as in ``copy`` storage. Training
+and evaluation then read each image from the source folder (:class:`SourceSplit`), so moving the folder
+means editing ``data.source`` only.
+
+Streaming shards (webdataset-style tar files) were the other option; they also write every encoded byte
+a second time (the measured disk cost is in reports/prepare_scale.md), which is what this mode avoids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from dpnrepro.errors import DatasetError
+
+# The file types `datasets`' imagefolder builder reads that Pillow decodes (lower-case suffixes).
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+
+
+def _listing(split_dir: Path) -> dict[str, list[str]]:
+    """``{class folder: sorted image file names}`` of one split directory."""
+    out = {}
+    with os.scandir(split_dir) as entries:
+        classes = sorted(e.name for e in entries if e.is_dir())
+    for c in classes:
+        with os.scandir(split_dir / c) as entries:
+            out[c] = sorted(e.name for e in entries if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES)
+    return out
+
+
+def index_image_folder(source: str | os.PathLike, splits: dict[str, str]) -> dict:
+    """The index of an imagefolder tree as ``datasets.Dataset``s with ``path`` (relative to ``source``) and
+    ``label`` (``ClassLabel`` of the train split's class folders, sorted) for each of ``splits``
+    ({our name: source split}); the first split names the classes."""
+    import datasets
+
+    root = Path(source)
+    if not root.is_dir():
+        raise DatasetError(f"dataset path {source} does not exist; fix data.source in params.yaml")
+    listings = {}
+    for name, src in splits.items():
+        if not (root / src).is_dir():
+            raise DatasetError(f"image folder {root} has no split directory {src!r}; fix data.train_split / eval_split")
+        listings[name] = (src, _listing(root / src))
+    classes = list(next(iter(listings.values()))[1])
+    ids = {c: i for i, c in enumerate(classes)}
+    features = datasets.Features({"path": datasets.Value("string"), "label": datasets.ClassLabel(names=classes)})
+    out = {}
+    for name, (src, listing) in listings.items():
+        unknown = sorted(set(listing) - set(ids))
+        if unknown:
+            raise DatasetError(f"split {src!r} of {root} has class folder {unknown[0]!r}, which the first split "
+                               "lacks; every split must use the same class folders")
+        paths = [f"{src}/{c}/{f}" for c, files in listing.items() for f in files]
+        labels = [ids[c] for c, files in listing.items() for _ in files]
+        out[name] = datasets.Dataset.from_dict({"path": paths, "label": labels}, features=features)
+    return out
+
+
+def check_file(path: str) -> tuple[bytes | None, str | None]:
+    """(sha256 digest, None) of a readable, fully decodable image file, else (None, the error)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        data = Path(path).read_bytes()
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+    except Exception as exc:  # any failure to read or decode is a corrupt file
+        return None, f"{type(exc).__name__}: {exc}"
+    return hashlib.sha256(data).digest(), None
+
+
+def check_files(paths: list[str], workers: int, desc: str) -> list[tuple[bytes | None, str | None]]:
+    """:func:`check_file` of every path, in order, in ``workers`` processes (0 = one per CPU, 1 = this one)."""
+    from tqdm.auto import tqdm
+
+    workers = workers or os.cpu_count() or 1
+    bar = dict(desc=desc, unit="img", total=len(paths), leave=False)
+    if workers == 1 or len(paths) < 2:
+        return [check_file(p) for p in tqdm(paths, **bar)]
+    import multiprocessing as mp
+
+    chunk = max(1, min(256, len(paths) // (4 * workers)))
+    # fork where there is one: the children run Pillow and hashlib only, and start in milliseconds
+    # (a spawned child re-imports the parent's modules, seconds each)
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    with mp.get_context(method).Pool(workers) as pool:
+        return list(tqdm(pool.imap(check_file, paths, chunksize=chunk), **bar))
+
+
+class SourceSplit:
+    """A prepared ``source``-storage split: rows ``{"image", "label" | "labels"}`` whose image is read from
+    the source folder (a PIL image, or with :meth:`undecoded` a ``datasets``-style ``{"bytes", "path"}``
+    dict the fast transform decodes itself). Indexable and selectable like a ``datasets.Dataset``."""
+
+    def __init__(self, index, root: str | os.PathLike, decode: bool = True):
+        self.index, self.root, self.decode = index, Path(root), decode
+        self.label_columns = [c for c in ("label", "labels") if c in index.column_names]
+        self.column_names = ["image", *self.label_columns]
+        self.features = index.features
+        self._fingerprint = index._fingerprint
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _image(self, rel: str):
+        path = self.root / rel
+        if not self.decode:
+            return {"bytes": None, "path": str(path)}
+        from PIL import Image
+
+        try:
+            im = Image.open(path)
+            im.load()
+        except Exception as exc:
+            raise DatasetError(f"cannot read image {path}: {type(exc).__name__}: {exc}; "
+                               "the source folder changed since `dvc repro prepare`") from exc
+        return im
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            if key == "image":
+                return [self._image(p) for p in self.index["path"]]
+            return self.index[key]
+        row = self.index[int(key)]
+        return {"image": self._image(row["path"]), **{c: row[c] for c in self.label_columns}}
+
+    def select(self, indices) -> "SourceSplit":
+        return SourceSplit(self.index.select(indices), self.root, self.decode)
+
+    def undecoded(self) -> "SourceSplit":
+        return SourceSplit(self.index, self.root, decode=False)
+
+
+def source_split(ds, prepared_dir: str | Path):
+    """``ds`` as a :class:`SourceSplit` when it is a ``source``-storage index (no ``image`` column), else as is."""
+    if "image" in ds.column_names or "path" not in ds.column_names:
+        return ds
+    from dpnrepro.data.prepare import load_manifest
+
+    return SourceSplit(ds, load_manifest(prepared_dir)["source"])

@@ -1,0 +1,186 @@
+"""The user's DVC workflow (issue 22): `dvc metrics show/diff` list only the headline numbers, `dvc plots show`
+renders every plot dvc.yaml defines, and two dvc.lock files are compared output by output (the end-to-end
+test, tests/test_pipeline.py, uses that on the real smoke `dvc repro`)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from helpers import REPO, copy_project, differing_outputs, git_init, plots_errors, run
+
+GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+# `dvc metrics show` of the whole repository (paper, study and benchmarks): the smoke profile has 242 values
+# (167 of them the paper's); the issue's bound is a few hundred, against 2,983 before.
+MAX_METRIC_VALUES = 300
+DVC_YAMLS = ("dvc.yaml", "study/dvc.yaml", "benchmarks/dvc.yaml")
+
+
+def _leaves(tree) -> int:
+    return sum(_leaves(v) for v in tree.values()) if isinstance(tree, dict) else 1
+
+
+def test_only_headline_files_are_dvc_metrics():
+    """Every stage that writes a report declares exactly its metrics/headline/<report>.json as metrics; the
+    per-run and per-seed files are ordinary uncached outputs."""
+    for name in DVC_YAMLS:
+        stages = yaml.safe_load((REPO / name).read_text())["stages"]
+        for stage, body in stages.items():
+            metrics = [next(iter(m)) for m in body.get("metrics", [])]
+            assert all(re.fullmatch(r"metrics/headline/[\w-]+\.json", m) for m in metrics), (name, stage, metrics)
+            summaries = [next(iter(o)) for o in body.get("outs", []) if next(iter(o)).endswith("_summary.json")]
+            assert len(metrics) == len(summaries), (name, stage)
+
+
+def test_headline_verdict_is_the_summary_s_or_the_ci_rule():
+    from dpnrepro.reports.headline import difference
+
+    assert difference(1.0, 0.5) == {"mean": 1.0, "ci95": 0.5, "verdict": "better"}
+    assert difference(-1.0, 0.5)["verdict"] == "worse"
+    assert difference(1.0, 2.0)["verdict"] == "not resolved"
+    assert difference(1.0, None) == {"mean": 1.0, "verdict": "not resolved"}
+    assert difference(1.0, 0.5, "not resolved")["verdict"] == "not resolved"  # the paired t-test's own verdict
+
+
+def _build_every_report(root) -> None:
+    """What the report stages write, from the committed metrics (no training): tables, ablations, study;
+    Figures 2-4 need the runs, so their headline is cut from the committed summary as stages/figures.py does."""
+    from dpnrepro.reports import headline
+    from dpnrepro.reports.ablations import build_report
+    from dpnrepro.reports.build import build_table
+    from dpnrepro.reports.table4 import build_table4
+    from dpnrepro.reports.table5 import build_table5
+    from dpnrepro.reports.transfer_tables import build_transfer_table
+    from dpnrepro.study.report import build_study_report
+
+    dirs = {"metrics_dir": root / "metrics", "reports_dir": root / "reports"}
+    for table in (1, 2):
+        build_table(table, **dirs)
+    for table in (3, 7):
+        build_transfer_table(table, **dirs)
+    build_table4(**dirs)
+    build_table5(**dirs)
+    for report in ("table6", "figure1"):
+        build_report(report, **dirs)
+    build_study_report(**dirs)
+    summary = json.loads((root / "metrics/figures_summary.json").read_text())
+    headline.write_headline("figures", headline.figures(summary), root / "metrics")
+
+
+@pytest.fixture(scope="module")
+def headline_repo(tmp_path_factory):
+    root = copy_project(tmp_path_factory.mktemp("headline"))
+    _build_every_report(root)
+    git_init(root)
+    return root
+
+
+def test_metrics_show_lists_a_few_hundred_values_at_most(headline_repo):
+    revs = json.loads(run(["dvc", "metrics", "show", "--json"], headline_repo).stdout)
+    (shown,) = (rev["data"] for rev in revs.values())  # one revision: the workspace
+    errors = {path: entry["error"] for path, entry in shown.items() if entry.get("error")}
+    assert not errors, errors
+    counts = {path: _leaves(entry["data"]) for path, entry in shown.items()}
+    print(counts, sum(counts.values()))
+    assert all(path.startswith("metrics/headline/") for path in counts), sorted(counts)
+    declared = {next(iter(m)) for name in DVC_YAMLS
+                for body in yaml.safe_load((REPO / name).read_text())["stages"].values()
+                for m in body.get("metrics", [])}
+    assert set(counts) == declared and all(counts.values())  # 9 paper reports + the study
+    assert sum(counts.values()) <= MAX_METRIC_VALUES, counts
+
+
+def test_metrics_diff_between_two_commits_reads_as_a_table(headline_repo, tmp_path):
+    """A second commit where one Table 1 run scores 1 point more (as a changed param would make it): the
+    diff is a short Markdown table of exactly the Table 1 numbers that moved."""
+    import shutil
+
+    from dpnrepro.reports.build import build_table
+
+    root = tmp_path / "repo"
+    shutil.copytree(headline_repo, root, symlinks=True)
+    path = root / "metrics/table1.json"
+    metrics = json.loads(path.read_text())
+    run_metrics = metrics["runs"]["Mu-7_dpn_s0"]
+    run_metrics["val_top1"] += 1.0
+    path.write_text(json.dumps(metrics))
+    build_table(1, metrics_dir=root / "metrics", reports_dir=root / "reports")
+    run([*GIT, "commit", "-qam", "dpn s0 +1 point"], root)
+
+    md = run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--md"], root).stdout
+    print(md)
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["Path", "Metric", "HEAD~1", "HEAD", "Change"], header
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert {r[0] for r in rows} == {"metrics/headline/table1.json"}
+    changed = {r[1]: r for r in rows}
+    assert set(changed) <= {"table1.Mu/7.dpn", "table1.Mu/7.dpn-conv.mean", "table1.Mu/7.dpn-conv.ci95",
+                            "table1.Mu/7.dpn-conv.verdict"}, sorted(changed)
+    assert float(changed["table1.Mu/7.dpn"][4]) == pytest.approx(0.5)  # mean over 2 seeds
+    assert float(changed["table1.Mu/7.dpn-conv.mean"][4]) == pytest.approx(0.5)
+    everything = run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--all", "--json"], root).stdout
+    assert _leaves(json.loads(everything)) <= 3 * MAX_METRIC_VALUES  # old / new / diff per value
+
+
+def _plot_files(plots: list[dict]) -> list[str]:
+    files = []
+    for entry in plots:
+        (name, spec), = entry.items()
+        files += list(spec["y"]) if isinstance(spec.get("y"), dict) else [name]
+    return files
+
+
+def test_plot_definitions_render_without_error(tmp_path):
+    """dvc.yaml's plots name real files (no globs: DVC does not expand them) and DVC renders every one: here
+    on stand-in files of the right shape (the end-to-end test does it on the real outputs)."""
+    root = copy_project(tmp_path / "plots")
+    plots = yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]
+    files = _plot_files(plots)
+    assert not [f for f in files if set(f) & set("*?[")], "DVC does not expand globs in top-level plots"
+    png = (REPO / "reports/table1.png").read_bytes()
+    for rel in files:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".png"):
+            path.write_bytes(png)
+        elif not path.exists():  # a dvclive TSV: step and the metric
+            field = rel.rsplit("/", 1)[-1].removesuffix(".tsv")
+            path.write_text(f"step\t{field}\n1\t0.5\n2\t0.25\n")
+    git_init(root)
+    assert plots_errors(root) == []
+    curves = [next(iter(entry)) for entry in plots if next(iter(entry)).startswith("train-")]
+    assert curves and {n.split("/")[1] for n in curves} == {"loss", "lr", "stem_grad_norm"}
+
+
+@pytest.mark.parametrize("profile", ["smoke", "mini", "full"])
+def test_curve_plots_name_every_run_the_trainer_writes(profile):
+    from dpnrepro.artifacts import run_dir
+    from dpnrepro.config import load_params
+    from dpnrepro.pipeline import curve_plots
+    from dpnrepro.training.run import sweep_runs
+
+    params = load_params(REPO / "profiles" / f"{profile}.yaml")
+    for entry in curve_plots(params):
+        (name, spec), = entry.items()
+        sweep = name.removeprefix("train-").split("/")[0]
+        dirs = [f.split("/dvclive/")[0] for f in spec["y"]]
+        assert dirs == [run_dir(sweep, *run).as_posix() for run in sweep_runs(params, sweep)], name
+
+
+def test_lock_comparison_names_every_output_that_differs():
+    def lock(**outs):
+        return {"schema": "2.0",
+                "stages": {"s": {"cmd": "x", "outs": [{"path": p, "md5": h} for p, h in outs.items()]}}}
+
+    committed = lock(**{"runs/seg": "a.dir", "metrics/m.json": "b", "reports/t.md": "c"})
+    ours = lock(**{"runs/seg": "z.dir", "metrics/m.json": "b", "reports/new.md": "d"})
+    assert differing_outputs(ours, committed) == [
+        "runs/seg: committed a.dir != ours z.dir", "reports/t.md: committed c != ours missing",
+        "reports/new.md: committed missing != ours d"]
+    assert differing_outputs(committed, committed) == []
+    real = yaml.safe_load((REPO / "dvc.lock").read_text())
+    assert differing_outputs(real, real) == [] and len(differing_outputs({"stages": {}}, real)) > 40

@@ -1,0 +1,182 @@
+"""`data.storage: source`: prepare indexes an image folder (parallel check, no copy of the images) and the
+splits read their images from the source folder."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from conftest import data_cfg, make_image_folder
+from dpnrepro.data.loader import build_transform, load_split
+from dpnrepro.data.prepare import load_manifest, prepare_dataset
+from dpnrepro.data.source_index import SourceSplit
+from dpnrepro.errors import DatasetError
+
+pytestmark = pytest.mark.usefixtures("hf_cache_in_tmp")
+
+
+def _cfg(root, **over):
+    return data_cfg(root, format="imagefolder", num_classes=2, minival_fraction=0.25, **over)
+
+
+def test_source_storage_keeps_the_manifest_of_copy_storage(tmp_path):
+    root = make_image_folder(tmp_path / "src", per_class=8)
+    copy = prepare_dataset(_cfg(root), tmp_path / "copy")
+    indexed = prepare_dataset(_cfg(root, storage="source"), tmp_path / "index", workers=1)
+    assert indexed.pop("storage") == "source"
+    assert indexed == copy  # same counts, class balance and content hash per split
+    ds = load_split(tmp_path / "index", "train")
+    assert isinstance(ds, SourceSplit) and ds.index.column_names == ["path", "label", "sha256"]
+    for i in range(len(ds)):
+        row = ds.index[i]
+        data = (root / row["path"]).read_bytes()
+        assert row["sha256"] == hashlib.sha256(data).digest()
+        assert row["path"].startswith("train/") and not row["path"].startswith("/")
+    assert ds["label"] == load_split(tmp_path / "copy", "train")["label"]
+
+
+def test_source_split_rows_are_the_source_images(tmp_path):
+    from PIL import Image
+
+    root = make_image_folder(tmp_path / "src", per_class=8)
+    prepare_dataset(_cfg(root, storage="source"), tmp_path / "index", workers=1)
+    ds = load_split(tmp_path / "index", "val")
+    ex = ds[3]
+    with Image.open(root / ds.index[3]["path"]) as ref:
+        assert np.array_equal(np.asarray(ex["image"]), np.asarray(ref))
+    assert ex["label"] == ds.index[3]["label"]
+    raw = ds.undecoded()[3]["image"]
+    assert raw["bytes"] is None and raw["path"] == str(root / ds.index[3]["path"])
+    sub = ds.select([1, 0])
+    assert len(sub) == 2 and sub["label"] == [ds["label"][1], ds["label"][0]]
+    cfg = {"image_size": 8, "channels": 3, "inception_crop": True, "flip": True, "randaug": "", "backend": "fast"}
+    assert build_transform(cfg, train=True)(raw).shape == (3, 8, 8)
+
+
+def test_parallel_check_writes_the_same_bytes(tmp_path):
+    root = make_image_folder(tmp_path / "src", per_class=10)
+    prepare_dataset(_cfg(root, storage="source"), tmp_path / "one", workers=1)
+    prepare_dataset(_cfg(root, storage="source"), tmp_path / "two", workers=2)
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("*") if p.is_file())
+    for f in files:
+        assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+
+
+def test_corrupt_file_is_one_line_with_its_path_and_nothing_is_written(tmp_path):
+    root = make_image_folder(tmp_path / "src", per_class=6, corrupt="bad.jpg")
+    out = tmp_path / "prepared"
+    with pytest.raises(DatasetError) as err:
+        prepare_dataset(_cfg(root, storage="source"), out, workers=2)
+    msg = str(err.value)
+    assert "\n" not in msg and str(root / "train" / "a" / "bad.jpg") in msg
+    assert not out.exists() and not list(tmp_path.glob("prepared*"))
+    m = prepare_dataset(_cfg(root, storage="source", skip_corrupt=True), out, workers=2)
+    assert sum(s["skipped_corrupt"] for s in m["splits"].values()) == 1
+    assert "train/a/bad.jpg" not in [*load_split(out, "train").index["path"], *load_split(out, "minival").index["path"]]
+
+
+def test_unknown_class_folder_in_val_is_an_error(tmp_path):
+    root = make_image_folder(tmp_path / "src", per_class=6)
+    (root / "test" / "a").rename(root / "test" / "zz")
+    with pytest.raises(DatasetError, match="class folder 'zz'"):
+        prepare_dataset(_cfg(root, storage="source"), tmp_path / "out", workers=1)
+
+
+@pytest.mark.parametrize("over", [dict(format="idx"), dict(format="imagefolder", pixel_store_side=28)])
+def test_source_storage_refuses_what_it_cannot_index(tmp_path, over):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="storage: source"):
+        data_cfg(tmp_path, storage="source", **over)
+
+
+def test_copy_storage_manifest_has_no_storage_key(tmp_path):
+    """The default storage writes what it wrote before (the smoke outputs stay byte-identical)."""
+    root = make_image_folder(tmp_path / "src", per_class=8)
+    prepare_dataset(_cfg(root), tmp_path / "copy")
+    manifest = load_manifest(tmp_path / "copy")
+    assert "storage" not in manifest
+    assert "image" in load_split(tmp_path / "copy", "train").column_names
+    assert json.loads((tmp_path / "copy" / "manifest.json").read_text()) == manifest
+
+
+def test_photo_folder_is_real_imagenet_sized_jpegs_the_same_for_any_workers(tmp_path):
+    from PIL import Image
+
+    from dpnrepro.benchmarks.photo_folder import LONG_SIDE, source_photos, write_photo_folder
+
+    one = write_photo_folder(tmp_path / "one", n_train=54, n_val=27, workers=1)
+    two = write_photo_folder(tmp_path / "two", n_train=54, n_val=27, workers=2)
+    assert one == two and one["photos"] == 27 and one["classes"] == 26
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.jpg"))
+    assert len(files) == 81
+    photos = dict((name, path) for name, path in source_photos())
+    for f in files:
+        data = (tmp_path / "one" / f).read_bytes()
+        assert data == (tmp_path / "two" / f).read_bytes()
+        with Image.open(tmp_path / "one" / f) as im:
+            assert im.format == "JPEG" and LONG_SIDE[0] <= max(im.size) <= LONG_SIDE[1] and im.mode == "RGB"
+            assert f.parts[1] in photos
+    # distinct crops, not copies: no two files of a class are the same bytes
+    assert len({(tmp_path / "one" / f).read_bytes() for f in files}) == len(files)
+    m = prepare_dataset(data_cfg(tmp_path / "one", format="imagefolder", num_classes=26, eval_split="validation",
+                                 minival_fraction=0.1, storage="source"), tmp_path / "prep", workers=2)
+    assert m["splits"]["train"]["examples"] + m["splits"]["minival"]["examples"] == 54
+
+
+def test_folder_report_labels_the_100k_column_an_extrapolation():
+    from dpnrepro.benchmarks.folder import render_markdown
+
+    path = {"backend": "pil", "crop_sampler": "big_vision", "img_per_s_per_core": 250.0,
+            "img_per_s_per_core_ci": [240.0, 260.0], "wall_img_per_s": 200.0, "cores_for_b16": 13.2}
+    prep = {"copy": {"storage": "copy", "workers": 1, "wall_s": 12.3, "cpu_s": 11.0, "bytes_written": 600_000_000,
+                     "bytes_datasets_cache": 1_000_000, "sha256": {"train": "x"}},
+            "source_1_worker": {"storage": "source", "workers": 1, "wall_s": 8.0, "cpu_s": 7.5,
+                                "bytes_written": 1_000_000, "bytes_datasets_cache": 0, "sha256": {"train": "y"}}}
+    res = {"command": "python scripts/bench_folder.py", "hardware": "CPU x", "load_before": [1.0], "load_after": [2.0],
+           "folder": {"classes": 26, "photos": 27, "wall_s": 5.0,
+                      "splits": {"train": {"images": 9_000, "jpeg_bytes": 450_000_000},
+                                 "validation": {"images": 1_000, "jpeg_bytes": 50_000_000}}},
+           "input": {"image_size": 224, "randaug": "r", "rounds": 10, "n_per_round": 100, "paths": {"p": path}},
+           "prepare": prep}
+    md = render_markdown(res)
+    assert "| `pil` | `big_vision` (full profile) | 250 [240, 260] | 200 | 13.2 |" in md
+    assert "**extrapolation** (x10" in md
+    assert "| copy | 1 | 12.3 | 11.0 | 600.0 MB | 1.0 MB | 123 s, 6,000.0 MB |" in md
+    assert "10,000 images" in md and "differ" in md
+
+
+def test_committed_folder_report_is_rendered_from_its_measurements():
+    from pathlib import Path
+
+    from dpnrepro.benchmarks.folder import render_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "benchmarks/measured/input_folder.json").read_text())
+    assert (root / "reports/input_folder.md").read_text() == render_markdown(res)
+
+
+@pytest.mark.parametrize("backend", ["pil", "fast"])
+def test_training_reads_the_same_tensors_from_source_as_from_the_copy(tmp_path, backend):
+    """The trainer's view (undecoded for `fast`, seeded per example) of a source split = of a copy split."""
+    import torch
+
+    from dpnrepro.data.fast import undecoded
+    from dpnrepro.data.loader import TransformedSplit
+
+    root = make_image_folder(tmp_path / "src", per_class=8)
+    prepare_dataset(_cfg(root), tmp_path / "copy")
+    prepare_dataset(_cfg(root, storage="source"), tmp_path / "index", workers=1)
+    cfg = {"image_size": 8, "channels": 3, "inception_crop": True, "flip": True, "randaug": "rand-n2-m10",
+           "backend": backend, "crop_min_area": 0.3}
+    views = []
+    for where in ("copy", "index"):
+        ds = load_split(tmp_path / where, "train")
+        views.append(TransformedSplit(undecoded(ds) if backend == "fast" else ds,
+                                      build_transform(cfg, train=True, uint8=True)))
+    for i in range(len(views[0])):
+        (a, ya), (b, yb) = views[0][(i, 100 + i)], views[1][(i, 100 + i)]
+        assert torch.equal(a, b) and ya == yb
