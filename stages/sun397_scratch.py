@@ -12,7 +12,7 @@ from dpnrepro.transfer.scratch import run_scratch
 @stage
 def main() -> None:
     metrics_stage(load_params(), "sun397_scratch", "Table 7",
-                  lambda p: transfer_config(p, p.sun397_scratch.recipe)[2], run_scratch, "runs")
+                  lambda p: transfer_config(p, p.sun397_scratch.recipe)[2], run_scratch, "runs", "variants")
 
 
 if __name__ == "__main__":

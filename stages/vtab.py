@@ -11,7 +11,8 @@ from dpnrepro.transfer.vtab import run_vtab
 
 @stage
 def main() -> None:
-    metrics_stage(load_params(), "vtab", "Table 3", lambda p: vtab_config(p, p.vtab.lrs[0])[2], run_vtab, "tasks")
+    metrics_stage(load_params(), "vtab", "Table 3",
+                  lambda p: vtab_config(p, p.vtab.lrs[0])[2], run_vtab, "tasks", "tasks")
 
 
 if __name__ == "__main__":

@@ -184,4 +184,5 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
 
 def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
     return build_report("table4", "lit.json", "lit_evaluate", summarize, render_markdown, render_figure,
-                        lambda metrics, summary: headline.table4(summary, metrics["headline"]), metrics_dir, reports_dir)
+                        lambda metrics, summary: headline.table4(summary, metrics["headline"]),
+                        metrics_dir, reports_dir)

@@ -148,11 +148,11 @@ def stage_session(runtime, device: str = "auto", deterministic: bool = True, arg
         yield ctx
 
 
-def metrics_stage(params, section: str, table: str, train_of, run, count: str) -> None:
+def metrics_stage(params, section: str, table: str, train_of, run, count: str, noun: str) -> None:
     """The body of a self-spreading stage whose runs all live in one process (``vtab``,
     ``sun397_scratch``): checks ``params.<section>`` exists, enters :func:`stage_session` with the
     train settings ``train_of(params)``, runs ``run(params, progress=...)`` on every rank and has rank 0
-    alone write ``metrics/<section>.json``, printing how many ``metrics[count]`` entries it holds."""
+    alone write ``metrics/<section>.json``, printing how many ``metrics[count]`` ``noun`` it holds."""
     from pathlib import Path
 
     from dpnrepro.errors import ParamsError
@@ -166,4 +166,4 @@ def metrics_stage(params, section: str, table: str, train_of, run, count: str) -
         if ctx.is_main:
             out = Path("metrics") / f"{section}.json"
             write_json_atomic(out, metrics)
-            print(f"wrote {out} ({len(metrics[count])} {count})")
+            print(f"wrote {out} ({len(metrics[count])} {noun})")
