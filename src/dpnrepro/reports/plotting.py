@@ -63,7 +63,7 @@ def write_report(name: str, markdown: str, draw: Callable[[Path], None], summary
     return [md, png, out]
 
 
-def build_report(name: str, metrics_file: str, stage: str, summarize: Callable[[dict], dict],
+def report_from_metrics(name: str, metrics_file: str, stage: str, summarize: Callable[[dict], dict],
                  render_markdown: Callable[[dict, dict], str], render_figure: Callable[[dict, dict, Path], None],
                  headline: Callable[[dict, dict], dict], metrics_dir: str | Path = "metrics",
                  reports_dir: str | Path = "reports") -> list[Path]:

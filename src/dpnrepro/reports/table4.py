@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpnrepro.reports import headline
-from dpnrepro.reports.plotting import build_report, finish_delta_axes
+from dpnrepro.reports.plotting import finish_delta_axes, report_from_metrics
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
@@ -183,6 +183,6 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
 
 
 def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
-    return build_report("table4", "lit.json", "lit_evaluate", summarize, render_markdown, render_figure,
-                        lambda metrics, summary: headline.table4(summary, metrics["headline"]),
-                        metrics_dir, reports_dir)
+    return report_from_metrics("table4", "lit.json", "lit_evaluate", summarize, render_markdown, render_figure,
+                           lambda metrics, summary: headline.table4(summary, metrics["headline"]),
+                           metrics_dir, reports_dir)

@@ -12,7 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from dpnrepro.reports import headline
-from dpnrepro.reports.plotting import build_report
+from dpnrepro.reports.plotting import report_from_metrics
 from dpnrepro.reports.paper import as_float, load_paper_table
 from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
@@ -119,5 +119,5 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
 
 
 def build_table5(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
-    return build_report("table5", "seg.json", "segment", summarize, render_markdown, render_figure,
-                        lambda metrics, summary: headline.table5(summary), metrics_dir, reports_dir)
+    return report_from_metrics("table5", "seg.json", "segment", summarize, render_markdown, render_figure,
+                           lambda metrics, summary: headline.table5(summary), metrics_dir, reports_dir)
