@@ -3,28 +3,16 @@
 ``runtime.devices`` > 1 it spreads itself over that many processes (training/launch.py): every rank
 trains and evaluates, rank 0 alone writes."""
 
-from pathlib import Path
-
 from dpnrepro.cli import stage
 from dpnrepro.config import load_params, vtab_config
-from dpnrepro.errors import ParamsError
-from dpnrepro.io import write_json_atomic
-from dpnrepro.training.launch import stage_session
+from dpnrepro.training.launch import metrics_stage
 from dpnrepro.transfer.vtab import run_vtab
 
 
 @stage
 def main() -> None:
-    params = load_params()
-    if params.vtab is None:
-        raise ParamsError("params.yaml has no `vtab` section (Table 3)")
-    train = vtab_config(params, params.vtab.lrs[0])[2]
-    with stage_session(params.runtime, train.device, train.deterministic) as ctx:
-        metrics = run_vtab(params, progress=ctx.is_main)
-        if ctx.is_main:
-            out = Path("metrics") / "vtab.json"
-            write_json_atomic(out, metrics)
-            print(f"wrote {out} ({len(metrics['tasks'])} tasks)")
+    metrics_stage(load_params(), "vtab", "Table 3",
+                  lambda p: vtab_config(p, p.vtab.lrs[0])[2], run_vtab, "tasks", "tasks")
 
 
 if __name__ == "__main__":

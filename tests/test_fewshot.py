@@ -26,7 +26,7 @@ from dpnrepro.evaluation.fewshot import (
     fit_lsr,
     pool_indices,
 )
-from dpnrepro.reports.stats import mean_ci95
+from dpnrepro.stats import mean_ci95
 
 
 def _problem(n_train, n_test, dim, classes, seed=0, noise=3.0):

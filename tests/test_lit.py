@@ -14,8 +14,9 @@ import torch
 
 from dpnrepro.evaluation.zeroshot import (canonicalize, class_embeddings, class_prompts, clip_templates,
                                           zeroshot_top1)
-from dpnrepro.lit.towers import (LiT, LockedImageTower, build_text_tower, contrastive_loss, decay_mask,
+from dpnrepro.lit.towers import (TEXT_NO_DECAY, LiT, LockedImageTower, build_text_tower, contrastive_loss,
                                  l2_normalize, state_digest, tokenizer)
+from dpnrepro.training.optim import decay_mask
 from helpers import REPO
 
 
@@ -79,7 +80,8 @@ def test_loss_on_a_hand_computed_pair():
 def test_image_tower_gets_no_gradient_and_does_not_change():
     from types import SimpleNamespace
 
-    from dpnrepro.lit.train import build_optimizer, train_text_tower
+    from dpnrepro.lit.train import train_text_tower
+    from dpnrepro.training.optim import build_optimizer
 
     lit = tiny_lit()
     before = state_digest(lit.image)
@@ -92,9 +94,14 @@ def test_image_tower_gets_no_gradient_and_does_not_change():
     loss.backward()
     assert all(p.grad is None for p in lit.image.parameters())
     assert lit.log_temperature.grad is not None and lit.text.token_embedding.weight.grad is not None
-    cfg = SimpleNamespace(lr=1e-3, weight_decay=1e-2, batch_size=4, steps=3, warmup_steps=1, schedule="cosine",
-                          grad_clip=1.0)
-    optimized = {id(p) for g in build_optimizer(lit, cfg).param_groups for p in g["params"]}
+    cfg = SimpleNamespace(optimizer="adam", lr=1e-3, weight_decay=1e-2, batch_size=4, steps=3, warmup_steps=1,
+                          schedule="cosine", grad_clip=1.0)
+    groups = build_optimizer(lit, cfg, no_decay=TEXT_NO_DECAY).param_groups
+    named, mask = lit.trainable_named_parameters(), decay_mask(lit.trainable_named_parameters(), TEXT_NO_DECAY)
+    # the text tower's parameters in their own order, kernels first: what LiT's checkpoints were written with
+    assert [[id(p) for p in g["params"]] for g in groups] == [[id(p) for n, p in named if mask[n] is decay]
+                                                              for decay in (True, False)]
+    optimized = {id(p) for g in groups for p in g["params"]}
     assert not optimized & {id(p) for p in lit.image.parameters()}
     assert optimized == {id(p) for _, p in lit.trainable_named_parameters()}
     text_before = {k: v.clone() for k, v in lit.text.state_dict().items()}
@@ -107,7 +114,7 @@ def test_image_tower_gets_no_gradient_and_does_not_change():
 
 def test_decay_mask_is_big_vision_kernels_only():
     lit = tiny_lit()
-    mask = decay_mask(lit.trainable_named_parameters())
+    mask = decay_mask(lit.trainable_named_parameters(), TEXT_NO_DECAY)
     assert not mask["text.token_embedding.weight"] and not mask["text.positional_embedding"]
     assert not mask["log_temperature"] and not mask["text.ln_final.weight"]
     assert mask["text.text_projection"] and mask["text.transformer.resblocks.0.mlp.c_fc.weight"]
@@ -206,11 +213,11 @@ def test_weight_decay_is_decoupled_from_the_learning_rate():
     """big_vision: p -= s(t) * (lr * adam + wd * p); torch AdamW with weight_decay = wd / lr does that."""
     from types import SimpleNamespace
 
-    from dpnrepro.lit.train import build_optimizer
+    from dpnrepro.training.optim import build_optimizer
 
     lit = tiny_lit()
-    cfg = SimpleNamespace(lr=1e-3, weight_decay=1e-2)
-    opt = build_optimizer(lit, cfg)
+    cfg = SimpleNamespace(optimizer="adam", lr=1e-3, weight_decay=1e-2)
+    opt = build_optimizer(lit, cfg, fused=True, no_decay=TEXT_NO_DECAY)
     w = lit.text.text_projection
     before = w.detach().clone()
     for p in lit.parameters():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dpnrepro.reports.stats import fmt_p, mean_ci95, paired_by_seed, paired_delta_ci95, paired_test, verdict
+from dpnrepro.stats import fmt_p, mean_ci95, paired_by_seed, paired_delta_ci95, paired_test, verdict
 
 DPN = [74.1, 73.8, 74.3, 73.9, 74.0]
 BASE = [72.2, 72.0, 72.1, 72.3, 71.9]

@@ -529,3 +529,29 @@ def test_a_split_is_decoded_into_memory_only_within_the_budget():
     assert [small[i]["image"].getpixel((0, 0)) for i in range(10)] == [ds[i]["image"].getpixel((0, 0))
                                                                         for i in range(10)]
     assert decoded_if_small(ds, budget=959) is ds  # one byte short: read row by row, nothing kept
+
+
+def test_metrics_stage_checks_its_section_then_rank_0_writes_the_metrics(tmp_path, monkeypatch):
+    """The one body of the `vtab` and `sun397_scratch` stages (training/launch.metrics_stage)."""
+    from types import SimpleNamespace
+
+    from dpnrepro.errors import ParamsError
+    from dpnrepro.training.launch import metrics_stage
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics").mkdir()
+    train = SimpleNamespace(device="cpu", deterministic=True)
+    calls = []
+
+    def run(params, progress):
+        calls.append(progress)
+        return {"tasks": {"A": 1.0, "B": 2.0}}
+
+    missing = SimpleNamespace(vtab=None, runtime=SimpleNamespace(devices=1, nodes=1))
+    with pytest.raises(ParamsError, match=r"no `vtab` section \(Table 3\)"):
+        metrics_stage(missing, "vtab", "Table 3", lambda p: train, run, "tasks", "tasks")
+    assert not calls and not (tmp_path / "metrics" / "vtab.json").exists()
+    params = SimpleNamespace(vtab=object(), runtime=SimpleNamespace(devices=1, nodes=1))
+    metrics_stage(params, "vtab", "Table 3", lambda p: train, run, "tasks", "tasks")
+    assert calls == [True]
+    assert json.loads((tmp_path / "metrics" / "vtab.json").read_text()) == {"tasks": {"A": 1.0, "B": 2.0}}

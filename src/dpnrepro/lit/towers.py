@@ -104,8 +104,7 @@ def contrastive_loss(zimg: torch.Tensor, ztxt: torch.Tensor, temperature: torch.
     return ClipLoss()(zimg, ztxt, temperature)
 
 
-def decay_mask(named_parameters) -> dict[str, bool]:
-    """big_vision decays ``.*/kernel$`` only: the text tower's Linear / attention weight matrices and its
-    output projection; not the token embedding table, the position embedding, norms, biases or ``t``."""
-    return {n: p.ndim >= 2 and not n.endswith(("token_embedding.weight", "positional_embedding"))
-            for n, p in named_parameters}
+# What big_vision decays is ``.*/kernel$`` only (training/optim.py's decay_mask): of the text tower, its
+# Linear / attention weight matrices and output projection; not these embedding tables (nor norms,
+# biases or ``t``, which the rule leaves out by shape).
+TEXT_NO_DECAY = ("token_embedding.weight", "positional_embedding")

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dpnrepro.lit.towers import LiT, contrastive_loss, decay_mask, l2_normalize
+from dpnrepro.lit.towers import TEXT_NO_DECAY, LiT, contrastive_loss, l2_normalize
 
 
 @torch.no_grad()
@@ -57,15 +57,6 @@ def embed_images(tower, images, transform, *, batch_size: int, device: torch.dev
             z = tower(x)
         out.append(l2_normalize(z.float()).cpu())
     return torch.cat(out)
-
-
-def build_optimizer(lit: LiT, cfg) -> torch.optim.Optimizer:
-    """Adam with big_vision's decoupled weight decay on the kernels of the trainable parameters only."""
-    named = lit.trainable_named_parameters()
-    mask = decay_mask(named)
-    groups = [{"params": [p for n, p in named if mask[n]], "weight_decay": cfg.weight_decay / cfg.lr},
-              {"params": [p for n, p in named if not mask[n]], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
 
 
 class TextState:
@@ -148,7 +139,7 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
     from dpnrepro.data.loader import StepBatchSampler
     from dpnrepro.training import distributed
     from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
-    from dpnrepro.training.optim import schedule_multiplier
+    from dpnrepro.training.optim import build_optimizer, schedule_multiplier
     from dpnrepro.training.trainer import KILL_AT_STEP_ENV
 
     ctx = ctx or distributed.DistContext(device=device)
@@ -159,7 +150,8 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
                         "processes (runtime.devices)")
     local = cfg.batch_size // ctx.world_size
     lit.to(device).train()
-    optimizer = build_optimizer(lit, cfg)
+    # requires_grad only, so the locked image tower is left out; fused as LiT has always run (CPU too).
+    optimizer = build_optimizer(lit, cfg, fused=True, no_decay=TEXT_NO_DECAY)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule_multiplier(
         s, total=cfg.steps, warmup=cfg.warmup_steps, kind=cfg.schedule))
     history = {"loss": [], "log": []}

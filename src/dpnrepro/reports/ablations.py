@@ -1,7 +1,7 @@
 """Table 6 (stem ablations, gains relative to DPN) and Figure 1 (in-block norm placements, gains over
 the default pre-LN), from ``metrics/table6.json`` / ``metrics/figure1.json`` alone.
 
-Every gain is a difference paired by training seed, tested with :func:`dpnrepro.reports.stats.paired_test`
+Every gain is a difference paired by training seed, tested with :func:`dpnrepro.stats.paired_test`
 (two-sided paired t-test) and given a verdict. Outputs are byte-identical for the same metrics.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import pyplot, read_metrics, save_png, write_report
-from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
+from dpnrepro.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
 from dpnrepro.reports.tables import fmt_delta
 
 # Table 6: our stem names -> the paper's row names, in the paper's order

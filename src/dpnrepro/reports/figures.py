@@ -23,7 +23,7 @@ from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import pyplot, save_png
-from dpnrepro.reports.stats import mean_ci95
+from dpnrepro.stats import mean_ci95
 
 BASE, DPN = "conv", "dpn"
 _COLORS = {BASE: "black", DPN: "#d62728"}

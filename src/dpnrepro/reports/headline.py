@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpnrepro.reports.stats import verdict
+from dpnrepro.stats import verdict
 
 HEADLINE_DIR = "headline"
 

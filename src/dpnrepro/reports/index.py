@@ -47,7 +47,7 @@ import yaml
 from dpnrepro import pipeline
 from dpnrepro.reports.ablations import FIGURE1_REFERENCE, TABLE6_STEMS
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.stats import verdict
+from dpnrepro.stats import verdict
 from dpnrepro.reports.table4 import SWEEP_STEPS
 from dpnrepro.reports.tables import BASE_STEM, TABLES
 from dpnrepro.reports.transfer_tables import GROUPS

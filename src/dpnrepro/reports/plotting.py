@@ -61,3 +61,17 @@ def write_report(name: str, markdown: str, draw: Callable[[Path], None], summary
     write_json_atomic(out, summary)
     write_headline(name, headline, metrics_dir)
     return [md, png, out]
+
+
+def report_from_metrics(name: str, metrics_file: str, stage: str, summarize: Callable[[dict], dict],
+                 render_markdown: Callable[[dict, dict], str], render_figure: Callable[[dict, dict, Path], None],
+                 headline: Callable[[dict, dict], dict], metrics_dir: str | Path = "metrics",
+                 reports_dir: str | Path = "reports") -> list[Path]:
+    """A report built from one metrics file (Tables 4 and 5): ``metrics/<metrics_file>`` (written by DVC stage
+    ``stage``) → ``summarize(metrics)`` → :func:`write_report` of ``render_markdown(metrics, summary)``,
+    ``render_figure(metrics, summary, png)`` and ``headline(metrics, summary)``."""
+    metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
+    metrics = read_metrics(metrics_dir / metrics_file, stage)
+    summary = summarize(metrics)
+    return write_report(name, render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
+                        summary, headline=headline(metrics, summary), metrics_dir=metrics_dir, reports_dir=reports_dir)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpnrepro.reports import headline
-from dpnrepro.reports.plotting import finish_delta_axes, read_metrics, write_report
+from dpnrepro.reports.plotting import finish_delta_axes, report_from_metrics
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
 # The pretraining sweep of an image tower -> the schedule the paper prints for it.
@@ -183,9 +183,6 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
 
 
 def build_table4(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
-    metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
-    metrics = read_metrics(metrics_dir / "lit.json", "lit_evaluate")
-    summary = summarize(metrics)
-    return write_report("table4", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
-                        summary, headline=headline.table4(summary, metrics["headline"]), metrics_dir=metrics_dir,
-                        reports_dir=reports_dir)
+    return report_from_metrics("table4", "lit.json", "lit_evaluate", summarize, render_markdown, render_figure,
+                           lambda metrics, summary: headline.table4(summary, metrics["headline"]),
+                           metrics_dir, reports_dir)

@@ -12,9 +12,9 @@ from fractions import Fraction
 from pathlib import Path
 
 from dpnrepro.reports import headline
-from dpnrepro.reports.plotting import read_metrics, write_report
+from dpnrepro.reports.plotting import report_from_metrics
 from dpnrepro.reports.paper import as_float, load_paper_table
-from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM, DPN_STEM = "conv", "dpn"
 
@@ -119,8 +119,5 @@ def render_figure(metrics: dict, summary: dict, path: str | Path) -> None:
 
 
 def build_table5(metrics_dir: str | Path = "metrics", reports_dir: str | Path = "reports") -> list[Path]:
-    metrics_dir, reports_dir = Path(metrics_dir), Path(reports_dir)
-    metrics = read_metrics(metrics_dir / "seg.json", "segment")
-    summary = summarize(metrics)
-    return write_report("table5", render_markdown(metrics, summary), lambda png: render_figure(metrics, summary, png),
-                        summary, headline=headline.table5(summary), metrics_dir=metrics_dir, reports_dir=reports_dir)
+    return report_from_metrics("table5", "seg.json", "segment", summarize, render_markdown, render_figure,
+                           lambda metrics, summary: headline.table5(summary), metrics_dir, reports_dir)

@@ -8,7 +8,7 @@ Statistics follow Sec. 5.1 of the paper: ImageNet-1k-style blocks (top-1) report
 t-interval over training seeds; the 21k / JFT-style blocks train once and report the mean and 95 %
 interval over the few-shot draws. DPN − base deltas are paired (same seed, or same draw of the shots),
 tested with a two-sided paired t-test and given a verdict (better / worse / not resolved:
-:mod:`dpnrepro.reports.stats`). Pairing by few-shot draw measures the noise of the draws only, not
+:mod:`dpnrepro.stats`). Pairing by few-shot draw measures the noise of the draws only, not
 of training (one training run per model, as the paper).
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_test
+from dpnrepro.stats import fmt_ci, fmt_p, mean_ci95, paired_test
 
 BASE_STEM = "conv"
 
@@ -79,7 +79,7 @@ def _samples(run: dict, evaluate: str) -> tuple[float, dict]:
 
 def summarize_sweep(metrics: dict) -> dict:
     """{arch: {stem: {mean, ci95, n, over}, 'delta_<stem>': {mean, ci95, low, high, p, test, verdict, vs, n}}}
-    for one sweep (deltas: :func:`dpnrepro.reports.stats.paired_test`)."""
+    for one sweep (deltas: :func:`dpnrepro.stats.paired_test`)."""
     evaluate = metrics.get("evaluate", "top1")
     by: dict[str, dict[str, dict]] = {}
     for run in metrics["runs"].values():

@@ -15,7 +15,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import finish_delta_axes, pyplot, read_metrics, save_png, write_report
-from dpnrepro.reports.stats import fmt_ci, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
 GROUPS = ("natural", "specialized", "structured")

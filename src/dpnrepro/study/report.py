@@ -2,7 +2,7 @@
 (metrics/study/<cell>.json), so committed metrics regenerate the report without params, data or weights.
 
 Every comparison is a difference paired by training seed (same seed = same initialisation order and
-data order), tested with :func:`dpnrepro.reports.stats.paired_test` (two-sided paired t-test) and given
+data order), tested with :func:`dpnrepro.stats.paired_test` (two-sided paired t-test) and given
 a verdict: better / worse when its 95 % CI excludes 0, else not resolved.
 """
 
@@ -17,7 +17,7 @@ from dpnrepro.models.vision_transformer_dpn import parse_arch
 from dpnrepro.reports import headline
 from dpnrepro.reports.ablations import TABLE6_STEMS
 from dpnrepro.reports.plotting import write_report
-from dpnrepro.reports.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
+from dpnrepro.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
 from dpnrepro.study.probe import METRICS_NAME as PROBE_METRICS
 
 TREATED, CONTROL = "dpn", "conv"

@@ -146,3 +146,24 @@ def stage_session(runtime, device: str = "auto", deterministic: bool = True, arg
     determinism.configure(deterministic)
     with distributed.session(device) as ctx:
         yield ctx
+
+
+def metrics_stage(params, section: str, table: str, train_of, run, count: str, noun: str) -> None:
+    """The body of a self-spreading stage whose runs all live in one process (``vtab``,
+    ``sun397_scratch``): checks ``params.<section>`` exists, enters :func:`stage_session` with the
+    train settings ``train_of(params)``, runs ``run(params, progress=...)`` on every rank and has rank 0
+    alone write ``metrics/<section>.json``, printing how many ``metrics[count]`` ``noun`` it holds."""
+    from pathlib import Path
+
+    from dpnrepro.errors import ParamsError
+    from dpnrepro.io import write_json_atomic
+
+    if getattr(params, section) is None:
+        raise ParamsError(f"params.yaml has no `{section}` section ({table})")
+    train = train_of(params)
+    with stage_session(params.runtime, train.device, train.deterministic) as ctx:
+        metrics = run(params, progress=ctx.is_main)
+        if ctx.is_main:
+            out = Path("metrics") / f"{section}.json"
+            write_json_atomic(out, metrics)
+            print(f"wrote {out} ({len(metrics[count])} {noun})")

@@ -10,19 +10,19 @@ from torch import nn
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "reg_token")
 
 
-def decay_mask(model: nn.Module) -> dict[str, bool]:
+def decay_mask(model, no_decay: tuple[str, ...] = NO_DECAY_NAMES) -> dict[str, bool]:
     """True for weights that big_vision decays: its default ``wd_mults`` is ``.*/kernel$``.
 
     In PyTorch terms: the weight matrices of Linear/Conv layers (ndim >= 2), not biases, norm scales,
-    position embeddings or the class token.
+    or the embedding tables named in ``no_decay`` (position embeddings, class token). ``model``: a module
+    or its ``(name, parameter)`` pairs.
     """
-    return {
-        name: p.ndim >= 2 and not any(k in name for k in NO_DECAY_NAMES)
-        for name, p in model.named_parameters()
-    }
+    named = model.named_parameters() if isinstance(model, nn.Module) else model
+    return {name: p.ndim >= 2 and not any(k in name for k in no_decay) for name, p in named}
 
 
-def build_optimizer(model: nn.Module, cfg, fused: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg, fused: bool = False, *,
+                    no_decay: tuple[str, ...] = NO_DECAY_NAMES) -> torch.optim.Optimizer:
     """Adam / AdamW / momentum SGD for the TrainParams ``cfg``.
 
     ``adam`` is big_vision's ``scale_by_adam`` + ``wd`` (appendix C). big_vision chains
@@ -36,8 +36,11 @@ def build_optimizer(model: nn.Module, cfg, fused: bool = False) -> torch.optim.O
 
     ``fused``: torch's fused kernels (one launch per parameter group; CUDA) instead of the for-each path;
     the same update, rounded differently, so CPU results keep the for-each path.
+
+    Only parameters with ``requires_grad`` are optimized (LiT's locked image tower is not);
+    ``no_decay``: see :func:`decay_mask` (LiT's text tower names its own embedding tables).
     """
-    mask = decay_mask(model)
+    mask = decay_mask(model, no_decay)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and mask[n]]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and not mask[n]]
     if cfg.optimizer == "adam":

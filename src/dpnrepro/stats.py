@@ -1,5 +1,6 @@
 """The statistics behind every table: mean ± 95 % CI over seeds (or few-shot draws), the paired
-treated − control difference, a stated test with its p-value, and a verdict.
+treated − control difference, a stated test with its p-value, and a verdict. A bottom-layer module
+(it imports nothing of the project) because the few-shot evaluator uses it as well as the reports.
 
 One rule everywhere (Sec. 5.1 of the paper reports mean ± 95 % CI over >= 3 runs):
 
