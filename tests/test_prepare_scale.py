@@ -147,6 +147,11 @@ def test_folder_report_labels_the_100k_column_an_extrapolation():
     assert "**extrapolation** (x10" in md
     assert "| copy | 1 | 12.3 | 11.0 | 600.0 MB | 1.0 MB | 123 s, 6,000.0 MB |" in md
     assert "10,000 images" in md and "differ" in md
+    # a folder of 100k images is the measurement itself: no extrapolated column
+    res["folder"]["splits"]["train"]["images"] = 99_000
+    md = render_markdown(res)
+    assert "extrapolat" not in md and "100,000 images" in md
+    assert "| copy | 1 | 12.3 | 11.0 | 600.0 MB | 1.0 MB |\n" in md
 
 
 def test_committed_folder_report_is_rendered_from_its_measurements():
