@@ -107,22 +107,23 @@ def load_split(prepared_dir: str | Path, split: str):
 _MIX_SEED, _MIX_MUL, _U64 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0xFFFFFFFFFFFFFFFF
 
 
-def _mix(*ints: int) -> int:
-    """A stable 63-bit hash of a few integers (seeds per epoch / per sample)."""
+def _mix_state(ints) -> int:
+    """The 64-bit state of :func:`_mix` after absorbing ``ints``."""
     h = _MIX_SEED
     for v in ints:
         h = ((h ^ (v & _U64)) * _MIX_MUL) & _U64
         h ^= h >> 31
-    return h & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def _mix(*ints: int) -> int:
+    """A stable 63-bit hash of a few integers (seeds per epoch / per sample)."""
+    return _mix_state(ints) & 0x7FFFFFFFFFFFFFFF
 
 
 def _mix_last(prefix: tuple[int, ...], last: np.ndarray) -> list[int]:
     """``[_mix(*prefix, v) for v in last]`` (``last`` non-negative), the last round vectorised in uint64."""
-    h = _MIX_SEED
-    for v in prefix:
-        h = ((h ^ (v & _U64)) * _MIX_MUL) & _U64
-        h ^= h >> 31
-    x = (np.uint64(h) ^ last.astype(np.uint64)) * np.uint64(_MIX_MUL)  # wraps mod 2**64, as `& _U64`
+    x = (np.uint64(_mix_state(prefix)) ^ last.astype(np.uint64)) * np.uint64(_MIX_MUL)  # wraps mod 2**64
     x ^= x >> np.uint64(31)
     return (x & np.uint64(0x7FFFFFFFFFFFFFFF)).tolist()
 

@@ -10,7 +10,7 @@ and evaluation then read each image from the source folder (:class:`SourceSplit`
 means editing ``data.source`` only.
 
 Streaming shards (webdataset-style tar files) were the other option; they also write every encoded byte
-a second time (the measured disk cost is in reports/prepare_scale.md), which is what this mode avoids.
+a second time (the measured disk cost is in reports/input_folder.md), which is what this mode avoids.
 """
 
 from __future__ import annotations

@@ -67,7 +67,10 @@ def build_lit(tower: LockedImageTower, lit_params, arch: str) -> LiT:
 
 
 def text_state(lit: LiT) -> dict[str, torch.Tensor]:
-    return {k: v.detach().contiguous().cpu() for k, v in lit.state_dict().items() if not k.startswith("image.")}
+    """The trained text tower and ``log_temperature`` as saved tensors (``text.safetensors``)."""
+    from dpnrepro.lit.train import TextState
+
+    return {k: v.detach().contiguous().cpu() for k, v in TextState(lit).state_dict().items()}
 
 
 def lit_session(params):

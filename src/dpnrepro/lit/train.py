@@ -29,7 +29,7 @@ backpropagated with its slice of that cached gradient. Peak activation memory is
 cost is one more text-tower forward per step. Chunking changes the result only by float rounding
 (parameter gradients are summed over chunks), so it is an execution setting, not tracked by DVC.
 Activation memory per caption, measured (saved-tensor bytes of open_clip's TextTransformer, 16
-tokens; ``benchmarks/lit_memory.py``): see README, *LiT on N devices*.
+tokens; ``python -m dpnrepro.lit.memory``): see README, *LiT on N devices*.
 """
 
 from __future__ import annotations
@@ -148,7 +148,6 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
 
         raise UserError(f"lit.train.batch_size ({cfg.batch_size}) is not divisible by the {ctx.world_size} "
                         "processes (runtime.devices)")
-    local = cfg.batch_size // ctx.world_size
     lit.to(device).train()
     # requires_grad only, so the locked image tower is left out; fused as LiT has always run (CPU too).
     optimizer = build_optimizer(lit, cfg, fused=True, no_decay=TEXT_NO_DECAY)
@@ -169,14 +168,16 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
         for step, loss, lr, t in history["log"]:
             live.step = step
             _log(live, loss, lr, t)
-    sampler = StepBatchSampler(len(tokens), cfg.batch_size, seed=seed, start_step=0, total_steps=cfg.steps)
+    # this rank's contiguous shard of each global batch (the sampler reads only those positions)
+    sampler = StepBatchSampler(len(tokens), cfg.batch_size, seed=seed, start_step=0, total_steps=cfg.steps,
+                               rank=ctx.rank, world_size=ctx.world_size)
     params = [p for _, p in lit.trainable_named_parameters()]
     loss_fn = lit_loss(ctx)
     kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
     losses = []
     for step in tqdm(range(start, cfg.steps), desc=desc, unit="step", disable=not (progress and ctx.is_main),
                      leave=False, initial=start, total=cfg.steps):
-        idx = torch.tensor([i for i, _ in sampler.batch_for_step(step)])[ctx.rank * local:(ctx.rank + 1) * local]
+        idx = torch.tensor([i for i, _ in sampler.batch_for_step(step)])
         zimg = image_emb[idx].to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         loss = text_step(lit, zimg, tokens[idx], loss_fn, chunk_size=chunk_size, use_bf16=device.type == "cuda")
