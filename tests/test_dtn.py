@@ -7,8 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpnrepro.models import build_vit
-from dpnrepro.models.vision_transformer_dpn import DynamicTokenNorm
+from dpnrepro.models import DynamicTokenNorm, build_vit
 
 
 def _reference(x, norm):

@@ -24,9 +24,10 @@ def test_patchify_takes_row_major_patches_each_flattened_row_by_row():
 
 
 def test_normalised_patches_match_the_dpn_stems_layernorm_and_lose_mean_and_contrast():
-    from dpnrepro.models.vision_transformer_dpn import _LN_EPS
+    from dpnrepro.models import build_vit
 
-    assert LN_EPS == _LN_EPS
+    stem = build_vit("Mu/7", stem="dpn", img_size=28, in_chans=1, num_classes=10).patch_embed
+    assert LN_EPS == stem.norm_in.eps == stem.norm_out.eps
     rng = np.random.default_rng(0)
     shape = rng.random((1, 1, 49))
     # the same shape at three brightnesses and contrasts, then two constant patches (black and white)

@@ -2,30 +2,21 @@
 
 Importing this package (``import dpnrepro`` does) registers ``vit_<size>_patch<p>_{dpn,linear,conv}``
 with timm, so ``timm.create_model("vit_base_patch16_dpn", stem=..., placement=...)`` builds them.
+
+Files: ``spec`` (sizes, stems, placements and the other choices), ``stems`` (the patch embedding:
+DPN and the Table 6 ablations), ``block`` (the LayerNorm placements), ``dtn`` (Dynamic Token
+Normalization), ``posemb`` (sin-cos table, resampling), ``vision_transformer_dpn`` (the model, its
+init and the timm entrypoints).
 """
-from .vision_transformer_dpn import (
-    ARCHS,
-    PLACEMENTS,
-    POOLS,
-    POSEMBS,
-    STEMS,
-    Affine,
-    ArchSpec,
-    Block,
-    PatchEmbedStem,
-    VisionTransformerDPN,
-    build_vit,
-    conv_to_linear_weight,
-    first_ln_scale_image,
-    init_weights_vit_dpn,
-    parse_arch,
-    posemb_sincos_2d,
-    subln_init_gain,
-)
+from .block import Block, subln_init_gain
+from .dtn import DynamicTokenNorm
+from .posemb import posemb_sincos_2d
+from .spec import ARCHS, BLOCK_NORMS, PLACEMENTS, POOLS, POSEMBS, STEMS, ArchSpec, parse_arch
+from .stems import Affine, PatchEmbedStem, conv_to_linear_weight, first_ln_scale_image
+from .vision_transformer_dpn import VisionTransformerDPN, build_vit, init_weights_vit_dpn
 
 __all__ = [
-    'ARCHS', 'PLACEMENTS', 'POOLS', 'POSEMBS', 'STEMS', 'Affine', 'ArchSpec', 'Block', 'PatchEmbedStem',
-    'VisionTransformerDPN', 'build_vit', 'conv_to_linear_weight', 'first_ln_scale_image', 'init_weights_vit_dpn',
-    'parse_arch',
-    'posemb_sincos_2d', 'subln_init_gain',
+    'ARCHS', 'BLOCK_NORMS', 'PLACEMENTS', 'POOLS', 'POSEMBS', 'STEMS', 'Affine', 'ArchSpec', 'Block',
+    'DynamicTokenNorm', 'PatchEmbedStem', 'VisionTransformerDPN', 'build_vit', 'conv_to_linear_weight',
+    'first_ln_scale_image', 'init_weights_vit_dpn', 'parse_arch', 'posemb_sincos_2d', 'subln_init_gain',
 ]

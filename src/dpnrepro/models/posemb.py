@@ -1,4 +1,7 @@
-"""Resampling learned position embeddings to a new patch grid ("high-resolution fine-tuning").
+"""Position embeddings of the ViT-DPN family: big_vision's fixed 2-D sin-cos table, and resampling
+learned ones to a new patch grid ("high-resolution fine-tuning").
+
+:func:`posemb_sincos_2d` is the table of ``posemb='sincos2d'``, added to the patch tokens and not trained.
 
 Fine-tuning at a higher resolution than pre-training (paper appendix D, 224 -> 384) keeps the patch
 size, so the grid of patches grows and the learned position embeddings, one per patch, have to be
@@ -23,7 +26,21 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["resample_posemb", "square_grid"]
+__all__ = ["posemb_sincos_2d", "resample_posemb", "square_grid"]
+
+
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> Tensor:
+    """big_vision's fixed 2-D sin-cos position embedding, shape (1, h*w, width), row-major grid.
+
+    Features are [sin(x ω), cos(x ω), sin(y ω), cos(y ω)] with ω_k = temperature^(-k / (width/4 - 1)).
+    """
+    if width % 4:
+        raise ValueError(f'sincos2d position embeddings need a width divisible by 4, got {width}')
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing='ij')
+    omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float64) / (width // 4 - 1))
+    x = x.flatten()[:, None] * omega[None]
+    y = y.flatten()[:, None] * omega[None]
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None].float()
 
 
 def square_grid(num_tokens: int) -> tuple[int, int]:

@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dpnrepro.config import arch_name
-from dpnrepro.models.vision_transformer_dpn import _LN_EPS as LN_EPS  # the DPN stem's LayerNorm eps
-from dpnrepro.models.vision_transformer_dpn import parse_arch
+from dpnrepro.models.spec import LN_EPS, parse_arch  # LN_EPS: the DPN stem's LayerNorm eps
 from dpnrepro.study.config import StudyParams
 
 METRICS_NAME = "study_probe.json"  # under metrics/ (stage study_probe); the report reads it when present
