@@ -1,16 +1,18 @@
 """DVC stage `reports_index`: reports/README.md, the index of every table and figure (dpnrepro.reports.index),
-from dvc.yaml, the reports' metrics, reports/paper, profiles/full.yaml and the committed GPU throughput."""
+for the reports the pipeline's stages write (dpnrepro.pipeline, what dvc.yaml is generated from), from their
+metrics, reports/paper, profiles/full.yaml and the committed GPU throughput."""
 
 import argparse
 
 from dpnrepro.cli import stage
-from dpnrepro.reports.index import write_index
+from dpnrepro.pipeline import stages
+from dpnrepro.reports.index import report_entries, write_index
 
 
 @stage
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    print(f"wrote {write_index()}")
+    print(f"wrote {write_index(report_entries(stages()))}")
 
 
 if __name__ == "__main__":

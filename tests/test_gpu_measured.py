@@ -1,13 +1,13 @@
 """Committed GPU throughput (dpnrepro.benchmarks.gpu_measured): the summary and reports/benchmarks_gpu.md are
 rebuilt byte-identically from the committed full JSON, the summary keeps the flat schema that
-dpnrepro.reports.index reads, and ``collect`` turns a run directory into the full document."""
+dpnrepro.cost.gpu_hours reads, and ``collect`` turns a run directory into the full document."""
 
 from __future__ import annotations
 
 import json
 
 from dpnrepro.benchmarks import gpu_measured as gm
-from dpnrepro.reports import index
+from dpnrepro.cost import gpu_hours
 from helpers import REPO
 
 ROW_KEYS = {"arch", "stem", "img_size", "batch_size", "compile", "images_per_s", "mfu_pct", "peak_mem_gib"}
@@ -24,7 +24,7 @@ def test_summary_and_report_are_rebuilt_from_the_committed_json(tmp_path):
             f"{path} is stale: python -m dpnrepro.benchmarks.gpu_measured render"
 
 
-def test_summary_schema_is_flat_and_read_by_the_index():
+def test_summary_schema_is_flat_and_read_by_the_cost_model():
     doc = json.loads((REPO / gm.SUMMARY_JSON).read_text())
     assert {"device", "torch", "measured", "git_rev", "runs"} <= set(doc)
     assert doc["runs"], "no measured rows"
@@ -32,7 +32,7 @@ def test_summary_schema_is_flat_and_read_by_the_index():
         assert set(row) == ROW_KEYS
         assert row["stem"] in gm.OUR_STEMS and "/" in row["arch"]
         assert row["images_per_s"] > 0 and isinstance(row["compile"], bool)
-    tp = index.load_throughput(REPO / gm.SUMMARY_JSON)
+    tp = gpu_hours.load_throughput(REPO / gm.SUMMARY_JSON)
     assert tp is not None and len(tp.runs) == len(doc["runs"]) and tp.peak_tflops
     # every (arch, stem, resolution, compile) once
     keys = [(r["arch"], r["stem"], r["img_size"], r["compile"]) for r in doc["runs"]]

@@ -310,7 +310,7 @@ def test_table4_summary_means_cis_and_paired_deltas():
 
 def test_cost_model_counts_the_locked_forward_and_the_text_training():
     from dpnrepro.benchmarks.flops import vit_forward_flops
-    from dpnrepro.lit.cost import lit_flops_per_example, text_forward_flops
+    from dpnrepro.cost.lit import lit_flops_per_example, text_forward_flops
 
     d, t, e = 768, 16, 768
     per_layer_token = 6 * d * d + 4 * t * d + 2 * d * d + 16 * d * d  # qkv, attention, out proj, MLP (4x)

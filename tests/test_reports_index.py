@@ -1,5 +1,6 @@
 """reports/README.md (dpnrepro.reports.index): every report of dvc.yaml listed, byte-reproducible, GPU-hours
-from a measured throughput (tests/fixtures/gpu_throughput_summary.json) or, without one, from FLOPs."""
+(dpnrepro.cost.gpu_hours) from a measured throughput (tests/fixtures/gpu_throughput_summary.json) or, without
+one, from FLOPs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import yaml
 from dpnrepro.benchmarks.flops import train_flops_per_image
 from dpnrepro import pipeline
 from dpnrepro.codedeps import code_deps
+from dpnrepro.cost import gpu_hours
 from dpnrepro.reports import index
 from helpers import REPO
 
@@ -33,12 +35,19 @@ def _md_outs(stages: dict) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def page() -> str:
-    return index.build_index(REPO)
+def entries() -> list:
+    """What the stage passes the index: the reports of the pipeline's stages (what dvc.yaml is generated from)."""
+    return index.report_entries(pipeline.stages())
 
 
-def test_every_report_dvc_yaml_writes_is_listed_with_its_stage(page):
+@pytest.fixture(scope="module")
+def page(entries) -> str:
+    return index.build_index(entries, REPO)
+
+
+def test_every_report_dvc_yaml_writes_is_listed_with_its_stage(page, entries):
     stages = _stages("dvc.yaml")
+    assert index.report_entries(stages) == entries
     written = _md_outs(stages) - {index.INDEX.as_posix()}
     assert len(written) >= 11  # Tables 1-7, Figures 1-4
     for path in written:
@@ -65,11 +74,11 @@ def test_reports_outside_dvc_repro_are_listed_without_being_dependencies(page):
     inputs = index.index_inputs(_stages("dvc.yaml"))
     assert deps == ["fingerprints/reports_index.json", *inputs]  # its code through its fingerprint
     assert pipeline.exact_stages()["reports_index"]["deps"] == [*code_deps("stages/reports_index.py"), *inputs]
-    assert index.THROUGHPUT.as_posix() in deps and (REPO / index.THROUGHPUT).exists()
+    assert gpu_hours.THROUGHPUT.as_posix() in deps and (REPO / gpu_hours.THROUGHPUT).exists()
 
 
-def test_committed_index_is_what_the_stage_writes_and_building_twice_gives_the_same_bytes(page):
-    assert index.build_index(REPO) == page
+def test_committed_index_is_what_the_stage_writes_and_building_twice_gives_the_same_bytes(page, entries):
+    assert index.build_index(entries, REPO) == page
     assert (REPO / index.INDEX).read_text() == page, "run `python stages/reports_index.py` (or dvc repro)"
 
 
@@ -104,32 +113,33 @@ def test_verdicts_are_the_recorded_ones_or_the_ci_rule():
 
 
 def _workload(arch="B/16", img=224, stem="dpn", images=2_500 * 3600 * 10, vit_step=True):
-    return index.Workload("t", arch, img, stem, 1, images, float(train_flops_per_image(arch, img_size=img)), vit_step)
+    flops = float(train_flops_per_image(arch, img_size=img))
+    return gpu_hours.Workload("t", arch, img, stem, 1, images, flops, vit_step)
 
 
 def test_gpu_hours_from_measured_throughput_and_from_the_nearest_arch_mfu():
-    tp = index.load_throughput(FIXTURE)
+    tp = gpu_hours.load_throughput(FIXTURE)
     assert tp.device == "NVIDIA H100 80GB HBM3" and tp.peak_tflops == 989.4
     # measured at this arch and resolution: images / (images/s); same stem first, else the slowest stem
-    assert index.estimate(_workload(stem="dpn"), tp)[:2] == (pytest.approx(10.0), "measured")
-    assert index.estimate(_workload(stem="conv"), tp)[0] == pytest.approx(2_500 * 10 / 2_600)
-    assert index.estimate(_workload(stem="rmsnorm"), tp)[0] == pytest.approx(10.0)
+    assert gpu_hours.estimate(_workload(stem="dpn"), tp)[:2] == (pytest.approx(10.0), "measured")
+    assert gpu_hours.estimate(_workload(stem="conv"), tp)[0] == pytest.approx(2_500 * 10 / 2_600)
+    assert gpu_hours.estimate(_workload(stem="rmsnorm"), tp)[0] == pytest.approx(10.0)
     # not measured at 384 px: FLOPs at the MFU of the same arch (its slowest stem, dpn 26.63 %)
     w = _workload(img=384)
-    hours, method, source = index.estimate(w, tp)
+    hours, method, source = gpu_hours.estimate(w, tp)
     assert method == "mfu" and "B/16 dpn 224 px" in source
     assert hours == pytest.approx(w.images * w.flops_per_image / (H100_PEAK * 0.2663) / 3600)
     # an arch never measured: the measurement nearest in FLOPs per image (L/16 224 for B/16 384's FLOPs)
     w = _workload(arch="B/32", img=384)
     nearest = min(("B/16", "L/16"), key=lambda a: abs(math.log(train_flops_per_image(a) / w.flops_per_image)))
     mfu = {"B/16": 0.2663, "L/16": 0.2986}[nearest]
-    hours, method, source = index.estimate(w, tp)
+    hours, method, source = gpu_hours.estimate(w, tp)
     assert method == "mfu" and f"{nearest} dpn 224 px" in source
     assert hours == pytest.approx(w.images * w.flops_per_image / (H100_PEAK * mfu) / 3600)
     # LiT's step is not a ViT training step: never measured img/s, even where its arch was measured
-    assert index.estimate(_workload(vit_step=False), tp)[1] == "mfu"
+    assert gpu_hours.estimate(_workload(vit_step=False), tp)[1] == "mfu"
     total, cell, note = index.cost_cell_and_note([_workload(), _workload(img=384)], tp, False)
-    assert total == pytest.approx(10.0 + index.estimate(_workload(img=384), tp)[0])
+    assert total == pytest.approx(10.0 + gpu_hours.estimate(_workload(img=384), tp)[0])
     assert cell.endswith("(measured + MFU-scaled)") and "B/16 384 px" in note
 
 
@@ -139,9 +149,9 @@ def test_without_a_measurement_gpu_hours_fall_back_to_flops_at_an_assumed_mfu(tm
     no_runs_key = tmp_path / "no_runs.json"
     no_runs_key.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3"}))
     for path in (placeholder, no_runs_key, tmp_path / "missing.json"):
-        assert index.load_throughput(path) is None
+        assert gpu_hours.load_throughput(path) is None
     w = _workload()
-    assert index.estimate(w, None) == (pytest.approx(w.images * w.flops_per_image / (H100_PEAK * 0.40) / 3600),
+    assert gpu_hours.estimate(w, None) == (pytest.approx(w.images * w.flops_per_image / (H100_PEAK * 0.40) / 3600),
                                        "assumed", "40 % MFU assumed")
     _, cell, _ = index.cost_cell_and_note([w], None, False)
     assert cell.endswith("(assumed MFU)")
@@ -149,7 +159,7 @@ def test_without_a_measurement_gpu_hours_fall_back_to_flops_at_an_assumed_mfu(tm
 
 
 def test_page_with_a_measurement_names_the_device_and_the_method_per_report():
-    text = index.build_index(REPO, throughput=FIXTURE)
+    text = index.build_index(index.report_entries(pipeline.stages()), REPO, throughput=FIXTURE)
     gpu = text[text.index("## GPU-hours"):]
     assert "Device: **NVIDIA H100 80GB HBM3**" in gpu and "code at 0123456789ab" in gpu
     table1 = next(line for line in gpu.splitlines() if line.startswith("- [Table 1]"))

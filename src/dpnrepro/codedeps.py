@@ -1,5 +1,6 @@
 """The project files a script runs, found from its imports: the code deps of every DVC stage
-(dpnrepro.pipeline writes them into dvc.yaml) and of the trainer's run fingerprint, from one place."""
+(dpnrepro.pipeline writes them into dvc.yaml) and of the trainer's run fingerprint, from one place; and
+the package's import graph (:func:`import_graph`, which tests/test_imports.py keeps free of circles)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def _module_file(module: str, src: Path) -> Path | None:
     return None
 
 
-def _imported_modules(path: Path, src: Path) -> set[str]:
-    """Every ``dpnrepro`` module a file imports anywhere in it, with the packages that contain them."""
+def _import_targets(path: Path, src: Path) -> set[str]:
+    """The ``dpnrepro`` modules a file's import statements name, anywhere in it (inside functions too):
+    ``import a.b`` names ``a.b``; ``from a import b`` names ``a.b`` when that is a module, else ``a``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = None
     if path.is_relative_to(src):
@@ -36,14 +38,35 @@ def _imported_modules(path: Path, src: Path) -> set[str]:
             if node.level:  # relative import inside the package
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
+            if base != PACKAGE and not base.startswith(PACKAGE + "."):
+                continue
+            names = [f"{base}.{a.name}" if _module_file(f"{base}.{a.name}", src) else base for a in node.names]
         else:
             continue
-        for name in names:
-            if name == PACKAGE or name.startswith(PACKAGE + "."):
-                parts = name.split(".")
-                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        found.update(name for name in names if name == PACKAGE or name.startswith(PACKAGE + "."))
+    return found
+
+
+def _imported_modules(path: Path, src: Path) -> set[str]:
+    """Every ``dpnrepro`` module a file imports anywhere in it, with the packages that contain them."""
+    found = set()
+    for name in _import_targets(path, src):
+        parts = name.split(".")
+        found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
     return {m for m in found if _module_file(m, src) is not None}
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """{module: the modules it imports} of every module under ``src/dpnrepro``, imports inside functions
+    included. An edge is what an import statement names, not the parent packages Python initialises on
+    the way (every module would otherwise import ``dpnrepro``, whose ``__init__`` imports ``models``)."""
+    src = root / "src"
+    graph = {}
+    for path in sorted((src / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[module] = {m for m in _import_targets(path, src) if m != module and _module_file(m, src)}
+    return graph
 
 
 @cache

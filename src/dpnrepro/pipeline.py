@@ -288,15 +288,14 @@ def study_stages() -> dict:
     return out
 
 
-SEG_CONFIGS = "configs/segmentation"
-
-
 def segmentation_stages() -> dict:
     """Table 5: smoke canvases -> every (stem, fraction, seed) run in one process -> report.
 
     One process for the sweep, not a ``matrix:`` stage per run: a process pays ~5 s of torch + mmseg
     imports, a run ~1 s of Runner construction. The mmseg config files are read by mmengine, not
     imported, so they are deps by path. Runs start from ``runs/table1`` (the pretraining sweep)."""
+    from dpnrepro.cost.gpu_hours import SEG_CONFIGS
+
     return {
         "export_seg_canvases": _stage("stages/export_seg_canvases.py", params=["export_seg_canvases"],
                                       outs=["data/raw/seg_canvases"]),

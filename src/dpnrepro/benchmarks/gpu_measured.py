@@ -9,7 +9,7 @@ on a lent GPU machine with ``benchmarks/measured/run_gpu.sh`` (eight invocations
   device, driver, torch/timm versions, the git revision of the timed code and the date;
 - ``benchmarks/measured/gpu_throughput_summary.json``: one flat row per (arch, stem, img_size, batch,
   compile) of our stems (conv / linear / dpn; timm's stock ViT stays in the full JSON), read by
-  ``dpnrepro.reports.index`` for GPU-hour estimates;
+  ``dpnrepro.cost.gpu_hours`` for GPU-hour estimates;
 - ``reports/benchmarks_gpu.md``: the human-readable report.
 
 ``python -m dpnrepro.benchmarks.gpu_measured collect DIR`` builds all three from a run directory;
@@ -85,7 +85,7 @@ def collect(run_dir: Path) -> dict:
 
 
 def summary(doc: dict) -> dict:
-    """The flat rows that ``dpnrepro.reports.index`` reads: our stems only, one per measured model."""
+    """The flat rows that ``dpnrepro.cost.gpu_hours`` reads: our stems only, one per measured model."""
     rows = []
     for run in doc["runs"].values():
         res = run["result"]

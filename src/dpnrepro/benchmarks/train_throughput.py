@@ -274,7 +274,7 @@ def photo_batch(batch_size: int, img_size: int) -> torch.Tensor:
     from torchvision.transforms import v2
 
     from dpnrepro.benchmarks.input_pipeline import load_photos
-    from dpnrepro.data.loader import resize_ops
+    from dpnrepro.data.crop import resize_ops
 
     to_crop = v2.Compose([*resize_ops(img_size, squash=False), v2.PILToTensor()])
     crops = []

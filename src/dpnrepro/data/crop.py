@@ -26,6 +26,8 @@ Sources (read, not copied):
 
 TF draws from a Philox stream; here the same sequence of draws (aspect ratio, height, top, left per
 attempt) comes from a NumPy generator, so the distribution is TF's but not its exact samples.
+
+A pipeline without the inception crop resizes with :func:`resize_ops` (torchvision ops).
 """
 
 from __future__ import annotations
@@ -147,3 +149,18 @@ class InceptionCrop:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, area_range={self.area_range})"
+
+
+def resize_ops(size: int, *, squash: bool, resize=None) -> list:
+    """The resize of a pipeline without inception crop (torchvision v2 ops on a PIL image).
+
+    ``squash``: the whole frame to ``size x size``, aspect not kept (task_adaptation's ``preprocess_fn`` and
+    big_vision's transfer configs, ``resize(S)``: a KITTI frame keeps its full width). Otherwise
+    ``resize_small(resize or size) | central_crop(size)`` (big_vision's ImageNet evaluation; an integer
+    ``resize`` scales the shorter side).
+    """
+    from torchvision.transforms import v2
+
+    if squash:
+        return [v2.Resize((size, size), antialias=True)]
+    return [v2.Resize(size if resize is None else resize, antialias=True), v2.CenterCrop(size)]

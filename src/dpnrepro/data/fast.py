@@ -530,7 +530,7 @@ class FastTrainTransform:
                  squash: bool = False, uint8: bool = False):
         from torchvision.transforms import v2
 
-        from dpnrepro.data.loader import resize_ops
+        from dpnrepro.data.crop import resize_ops
 
         self.size, self.channels, self.mode = size, channels, MODES[channels]
         self.flip = flip

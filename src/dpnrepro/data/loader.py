@@ -13,22 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpnrepro.data.crop import resize_ops
 from dpnrepro.errors import DatasetError, UserError
-
-
-def resize_ops(size: int, *, squash: bool, resize=None) -> list:
-    """The resize of a pipeline without inception crop (torchvision v2 ops on a PIL image).
-
-    ``squash``: the whole frame to ``size x size``, aspect not kept (task_adaptation's ``preprocess_fn`` and
-    big_vision's transfer configs, ``resize(S)``: a KITTI frame keeps its full width). Otherwise
-    ``resize_small(resize or size) | central_crop(size)`` (big_vision's ImageNet evaluation; an integer
-    ``resize`` scales the shorter side).
-    """
-    from torchvision.transforms import v2
-
-    if squash:
-        return [v2.Resize((size, size), antialias=True)]
-    return [v2.Resize(size if resize is None else resize, antialias=True), v2.CenterCrop(size)]
 
 
 def build_transform(cfg: dict, train: bool, uint8: bool = False):
@@ -99,9 +85,13 @@ def load_split(prepared_dir: str | Path, split: str):
     path = Path(prepared_dir) / split
     if not path.exists():
         raise DatasetError(f"prepared split {path} does not exist; run `dvc repro prepare` first")
-    from dpnrepro.data.source_index import source_split
+    ds = datasets.load_from_disk(str(path))
+    if "image" in ds.column_names or "path" not in ds.column_names:
+        return ds
+    from dpnrepro.data.prepare import load_manifest  # data.storage: source, an index of the source's files
+    from dpnrepro.data.source_index import SourceSplit
 
-    return source_split(datasets.load_from_disk(str(path)), prepared_dir)  # data.storage: source
+    return SourceSplit(ds, load_manifest(prepared_dir)["source"])
 
 
 _MIX_SEED, _MIX_MUL, _U64 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0xFFFFFFFFFFFFFFFF

@@ -142,12 +142,3 @@ class SourceSplit:
 
     def undecoded(self) -> "SourceSplit":
         return SourceSplit(self.index, self.root, decode=False)
-
-
-def source_split(ds, prepared_dir: str | Path):
-    """``ds`` as a :class:`SourceSplit` when it is a ``source``-storage index (no ``image`` column), else as is."""
-    if "image" in ds.column_names or "path" not in ds.column_names:
-        return ds
-    from dpnrepro.data.prepare import load_manifest
-
-    return SourceSplit(ds, load_manifest(prepared_dir)["source"])

@@ -1,5 +1,6 @@
-"""What a LiT run costs: analytic FLOPs per example (the project's convention, benchmarks/flops.py: a
-multiply-add is 2 FLOPs, matrix products only) and the GPU-hours they take at a given utilisation.
+"""What a LiT run (Table 4) costs: analytic FLOPs per example (the project's convention,
+benchmarks/flops.py: a multiply-add is 2 FLOPs, matrix products only; :mod:`dpnrepro.cost.gpu_hours` turns
+them into GPU-hours).
 
 Per example and step: the locked image tower's forward (no backward: it is frozen, no gradient flows
 into it) plus the text tower's forward + backward (3 x forward). Text tower per token and layer: QKV
@@ -29,7 +30,3 @@ def lit_flops_per_example(arch: str, *, width: int, layers: int, context_length:
                                                        embed_dim=rep)
     loss = TRAIN_FLOPS_MULTIPLIER * 2 * rep * batch_size
     return {"image_forward": image, "text_train": text, "loss": loss, "total": image + text + loss}
-
-
-def gpu_hours(flops: float, *, peak_tflops: float, mfu: float) -> float:
-    return flops / (peak_tflops * 1e12 * mfu) / 3600

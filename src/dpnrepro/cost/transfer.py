@@ -1,18 +1,15 @@
-"""What Tables 3 and 7 cost at a profile's settings: training images and FLOPs per arch, and GPU-hours
-at an assumed model-FLOPs utilisation (no GPU has been available to measure one).
+"""What Tables 3 and 7 cost at a profile's settings: runs, training images and FLOPs per arch
+(:mod:`dpnrepro.cost.gpu_hours` turns them into GPU-hours).
 
-FLOPs are the analytic matmul FLOPs of :mod:`dpnrepro.benchmarks.flops` (training = 3 × forward), so
-GPU-hours = FLOPs / (peak bf16 FLOP/s × MFU). Evaluation passes (val200 / test, a forward each) are
-counted as well. Table 7's step-2 grid re-uses step 1's winner when its (mixup 0, RandAugment 0)
-setting is in the grid, as the search does.
+FLOPs are the analytic matmul FLOPs of :mod:`dpnrepro.benchmarks.flops` (training = 3 × forward).
+Evaluation passes (val200 / test, a forward each) are counted as well. Table 7's step-2 grid re-uses
+step 1's winner when its (mixup 0, RandAugment 0) setting is in the grid, as the search does.
 """
 
 from __future__ import annotations
 
 from dpnrepro.benchmarks.flops import vit_forward_flops
 from dpnrepro.config import Params, arch_name, transfer_config, vtab_config
-
-H100_BF16_PEAK = 989.4e12  # dense bf16 FLOP/s (SXM datasheet; benchmarks/flops.py PEAK_BF16_TFLOPS)
 
 
 def _flops(arch: str, img: int, classes: int) -> float:
@@ -50,7 +47,3 @@ def scratch_cost(params: Params, *, eval_images: int = 0) -> dict:
                      "train_flops": 3 * fwd * len(sp.stems) * per_stem,
                      "eval_flops": fwd * len(sp.stems) * (step1 + step2 + 1) * eval_images}
     return out
-
-
-def gpu_hours(cost: dict, *, mfu: float, peak: float = H100_BF16_PEAK) -> float:
-    return sum(c["train_flops"] + c["eval_flops"] for c in cost.values()) / (peak * mfu) / 3600
