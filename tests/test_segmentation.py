@@ -479,6 +479,7 @@ def test_committed_smoke_runs_learned_above_chance():
     from dpnrepro.reports.table5 import LEARNED_MARGIN
 
     metrics = json.loads((REPO / "metrics" / "seg.json").read_text())
+    assert "chance" in metrics, "metrics/seg.json predates the chance baseline: dvc repro segment table5"
     chance = metrics["chance"]["mIoU"]
     assert 0 < chance < 100 - LEARNED_MARGIN
     low = {name: r["mIoU"] for name, r in metrics["runs"].items() if r["mIoU"] < chance + LEARNED_MARGIN}
