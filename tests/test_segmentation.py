@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dpnrepro.artifacts import ModelSpec, save_weights
-from dpnrepro.data.segmentation import (check_layout, compose_canvases, export_canvases, fraction_indices,
-                                        parse_fraction)
+from dpnrepro.data.segmentation import (FASHION_CLASSES, check_layout, compose_canvases, export_canvases,
+                                        fraction_indices, parse_fraction)
 from dpnrepro.errors import CheckpointError, DatasetError
 from dpnrepro.models import STEMS
 from dpnrepro.models.posemb import resample_posemb
@@ -324,6 +324,28 @@ def test_runner_trains_and_iou_metric_evaluates(canvases, tmp_path):
     assert (tmp_path / "work" / "iter_4.pth").exists()
 
 
+@pytest.mark.parametrize("stem", ["conv", "dpn"])
+def test_fine_tune_starts_from_the_pretraining_weights(canvases, tmp_path, stem):
+    """The segment stage's own path (run_config -> Runner.train -> init_weights -> convert.py) puts the
+    pretraining run's encoder into the backbone: with lr 0 the trained backbone is the checkpoint's, tensor
+    for tensor (position embeddings resized to the 8 x 8 crop grid), and not a fresh initialisation."""
+    from safetensors.torch import load_file
+
+    from dpnrepro.segmentation.experiment import train_and_evaluate
+
+    model, run = _pretraining_run(tmp_path, stem)
+    cfg = _cfg(canvases, tmp_path / "work", pretrained=run, **{
+        "train_cfg.max_iters": 1, "param_scheduler.0.end": 1, "optim_wrapper.optimizer.lr": 0.0})
+    cfg.model.backbone.stem = stem
+    trained = train_and_evaluate(cfg)["state_dict"]
+    backbone = {k[len("backbone.vit."):]: v for k, v in trained.items() if k.startswith("backbone.vit.")}
+    source = {k: v for k, v in load_file(str(run / "model.safetensors")).items()
+              if not k.startswith(("head.", "pre_logits."))}
+    assert set(backbone) == set(source)
+    assert torch.equal(backbone["pos_embed"], resample_posemb(source["pos_embed"], (8, 8)))
+    assert all(torch.equal(backbone[k], source[k]) for k in source if k != "pos_embed")
+
+
 class _Killed(Exception):
     pass
 
@@ -412,19 +434,62 @@ def test_table5_summary_pairs_seeds(tmp_path):
                 runs[f"{stem}{frac}{seed}"] = dict(stem=stem, fraction=frac, seed=seed, mIoU=v, mAcc=v, aAcc=v,
                                                    train_images=4, iters=2)
     metrics = dict(profile="smoke", hardware="cpu", arch="Mu-7", config="c.py", data_root="d", options={},
-                   pretrained=None, runs=runs)
+                   pretrained=None, chance={"mIoU": 12.0, "class": "Bag"}, runs=runs)
     s = summarize(metrics)
     assert list(s) == ["1/4", "1"]
     assert s["1"]["conv"]["mean"] == pytest.approx(16.0) and s["1/4"]["dpn"]["mean"] == pytest.approx(12.5)
     assert s["1/4"]["delta_dpn"]["mean"] == pytest.approx(1.5)  # deltas 1.0, 1.5, 2.0
     assert s["1/4"]["delta_dpn"]["ci95"] == pytest.approx(4.302653 * 0.5 / 3 ** 0.5, rel=1e-5)
+    # learned: mean >= chance 12 + 5 points (conv 1/4 11.0, dpn 1/4 12.5: no; conv 1 16.0: no; dpn 1 17.5: yes)
+    assert [(f, stem, e[stem]["chance"], e[stem]["learned"]) for f, e in s.items() for stem in ("conv", "dpn")] == [
+        ("1/4", "conv", 12.0, False), ("1/4", "dpn", 12.0, False), ("1", "conv", 12.0, False), ("1", "dpn", 12.0, True)]
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "seg.json").write_text(json.dumps(metrics))
     md, png, _ = build_table5(tmp_path / "m", tmp_path / "r")
     text = md.read_text()
     assert "27.3 ± 0.09" in text and "46.1 ± 0.11" in text and "| Δ | +0.7 | +1.1 | +1.1 | +1.1 | +0.5 |" in text
     assert "| Δ dpn − conv | +1.50 ± 1.242 | +1.50 ± 1.242 |" in text
+    assert "| chance | 12.00 | 12.00 |" in text and "not learned: conv 1/4, dpn 1/4, conv 1." in text
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_constant_prediction_miou_is_the_best_single_class_map(canvases):
+    """chance.py through mmseg's IoUMetric equals max_c share_c / (classes present), counted by hand from
+    the masks as the val pipeline reads them (label 0 ignored, 1..10 -> 0..9)."""
+    from PIL import Image
+
+    from dpnrepro.segmentation.chance import constant_prediction_miou
+    from dpnrepro.segmentation.experiment import run_config
+
+    cfg = run_config(SMOKE, arch="Mu-7", stem="dpn", fraction="1", seed=0, data_root=canvases, work_dir="w")
+    counts = np.zeros(11, np.int64)
+    for png in sorted((canvases / "annotations" / "validation").glob("*.png")):
+        counts += np.bincount(np.asarray(Image.open(png)).ravel(), minlength=11)[:11]
+    labelled = counts[1:]
+    expected = 100 * labelled.max() / labelled.sum() / np.count_nonzero(labelled)
+    chance = constant_prediction_miou(cfg)
+    assert chance["mIoU"] == pytest.approx(expected, abs=0.006)  # IoUMetric rounds to 2 decimals
+    assert chance["class"] == FASHION_CLASSES[int(labelled.argmax())]
+
+
+def test_committed_smoke_runs_learned_above_chance():
+    """Every committed Table 5 smoke run, and every cell of the summary, clears the constant-prediction
+    mIoU by LEARNED_MARGIN points: a fine-tune that learned nothing (weights not loaded, labels scrambled,
+    too few steps) fails here."""
+    from dpnrepro.reports.table5 import LEARNED_MARGIN
+
+    metrics = json.loads((REPO / "metrics" / "seg.json").read_text())
+    assert "chance" in metrics, "metrics/seg.json predates the chance baseline: dvc repro segment table5"
+    chance = metrics["chance"]["mIoU"]
+    assert 0 < chance < 100 - LEARNED_MARGIN
+    low = {name: r["mIoU"] for name, r in metrics["runs"].items() if r["mIoU"] < chance + LEARNED_MARGIN}
+    assert not low, f"runs within {LEARNED_MARGIN} points of chance {chance}: {low}"
+    summary = json.loads((REPO / "metrics" / "table5_summary.json").read_text())
+    cells = [(f, stem, cell) for f, entry in summary.items() for stem, cell in entry.items()
+             if not stem.startswith("delta_")]
+    assert len(cells) == len({(r["stem"], r["fraction"]) for r in metrics["runs"].values()}) > 0
+    for fraction, stem, cell in cells:
+        assert cell["chance"] == chance and cell["learned"] is True, (fraction, stem, cell)
 
 
 def test_eval_padding_that_is_not_a_multiple_of_the_patch_is_an_error(canvases, tmp_path):

@@ -2,7 +2,9 @@
 
 Ours come from ``metrics/seg.json`` alone (stages/segment.py): per (stem, fraction) the mean mIoU and
 its 95 % t-interval over seeds, and DPN − base paired by seed (same seed = same training subset and
-data order). Base is the ``conv`` stem, as in the paper's B/16.
+data order). Base is the ``conv`` stem, as in the paper's B/16. Every cell also carries ``chance``, the
+validation set's constant-prediction mIoU (segmentation/chance.py), and ``learned``: whether the cell's
+mean clears it by :data:`LEARNED_MARGIN` points (:func:`learned_above_chance`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,18 @@ from dpnrepro.reports.paper import as_float, load_paper_table
 from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
 
 BASE_STEM, DPN_STEM = "conv", "dpn"
+LEARNED_MARGIN = 5.0  # mIoU points above the constant-prediction mIoU that count as "learned"
+
+
+def learned_above_chance(value: float, chance: float, margin: float = LEARNED_MARGIN) -> bool:
+    """A cell learned when its mIoU clears the constant-prediction mIoU by ``margin`` points."""
+    return value >= chance + margin
 
 
 def summarize(metrics: dict) -> dict:
-    """``{fraction: {stem: {mean, ci95, seeds}, "delta_<stem>": {mean, ci95}}}`` from metrics/seg.json."""
+    """``{fraction: {stem: {mean, ci95, seeds, chance, learned}, "delta_<stem>": {mean, ci95}}}`` from
+    metrics/seg.json (``chance``: its constant-prediction mIoU, %)."""
+    chance = metrics["chance"]["mIoU"]
     by: dict[str, dict[str, dict[int, float]]] = {}
     for r in metrics["runs"].values():
         by.setdefault(r["fraction"], {}).setdefault(r["stem"], {})[r["seed"]] = r["mIoU"]
@@ -29,7 +39,8 @@ def summarize(metrics: dict) -> dict:
         entry = {}
         for stem, per_seed in sorted(by[fraction].items()):
             mean, ci = mean_ci95([per_seed[s] for s in sorted(per_seed)])
-            entry[stem] = {"mean": mean, "ci95": ci, "seeds": sorted(per_seed)}
+            entry[stem] = {"mean": mean, "ci95": ci, "seeds": sorted(per_seed), "chance": chance,
+                           "learned": learned_above_chance(mean, chance)}
         base = by[fraction].get(BASE_STEM)
         for stem, per_seed in sorted(by[fraction].items()):
             if stem != BASE_STEM and base:
@@ -72,12 +83,19 @@ def render_markdown(metrics: dict, summary: dict) -> str:
     for stem in stems:
         lines.append(f"| {stem} | " + " | ".join(fmt_ci(e[stem]["mean"], e[stem]["ci95"], 2) if stem in e else "—"
                                                  for e in summary.values()) + " |")
+    chance = metrics["chance"]
+    lines.append(f"| chance | " + " | ".join(f"{chance['mIoU']:.2f}" for _ in summary.values()) + " |")
     for stem in stems[1:]:
         key = f"delta_{stem}"
         lines.append(f"| Δ {stem} − conv | " + " | ".join(
             (f"{e[key]['mean']:+.2f}" + (f" ± {e[key]['ci95']:.3f}" if e[key]["ci95"] is not None else ""))
             if key in e else "—" for e in summary.values()) + " |")
-    lines += ["", "![Table 5 figure](table5.png)", ""]
+    unlearned = [f"{stem} {f}" for f, e in summary.items() for stem in stems if stem in e and not e[stem]["learned"]]
+    lines += ["", f"Chance: the best constant prediction's mIoU on the same validation masks and IoUMetric (every "
+              f"pixel \"{chance['class']}\"). A cell counts as learned when its mean is at least "
+              f"{LEARNED_MARGIN:g} points above it: "
+              + (f"not learned: {', '.join(unlearned)}." if unlearned else "every cell learned."),
+              "", "![Table 5 figure](table5.png)", ""]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ mmseg config files ask for with
   resume.py      kill/resume under torch >= 2.6 (allow-listed mmengine globals, RNG state in checkpoints)
   experiment.py  one (stem, fraction, seed) run with mmengine's Runner and mmseg's IoUMetric
   execution.py   how a run executes: DDP over the stage's processes, bf16 AMP on CUDA, per-rank seeds
+  chance.py      the constant-prediction mIoU of the validation set (what learning nothing scores)
   sweep.py       every run of params' ``segmentation`` section -> runs/seg, metrics/seg.json
 
 The mmseg config files (appendix G recipe, and the smoke scale-down inheriting it) live in the repository's

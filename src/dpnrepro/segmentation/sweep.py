@@ -1,7 +1,7 @@
 """The Table 5 sweep: every (stem, fraction, seed) run, resumable, then ``runs/seg`` and ``metrics/seg.json``.
 
 Every rank of the stage's job (training/launch.py) trains every run together; rank 0 alone writes run
-files, ``runs/seg`` and the metrics."""
+files, ``runs/seg`` and the metrics (with the validation set's constant-prediction mIoU, ``chance``)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,16 @@ def _run(params: Params, stem: str, fraction: str, seed: int, ctx) -> dict:
     return result
 
 
+def sweep_chance(params: Params) -> dict:
+    """The validation set's constant-prediction mIoU (chance.py), under the sweep's config and data."""
+    from dpnrepro.segmentation.chance import constant_prediction_miou
+
+    seg = params.segmentation
+    cfg = run_config(seg.config, arch=seg.arch, stem=seg.stems[0], fraction=seg.fractions[0], seed=seg.seeds[0],
+                     data_root=seg.data_root, work_dir=CKPT_ROOT, options=seg.options)
+    return constant_prediction_miou(cfg)
+
+
 def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs: bool = True, ctx=None) -> list[Path]:
     """Train / read back ``runs`` on this process's share of the job (``ctx``; None: one process); with
     ``write_outputs`` rank 0 also writes ``runs/seg`` and ``metrics/seg.json`` (every run of the params
@@ -77,6 +87,7 @@ def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs
         "data_root": seg.data_root, "options": seg.options,
         "pretrained": f"runs/table1/{seg.arch}_<stem>_s{seg.pretrained_seed}" if seg.pretrained_seed is not None
         else None,
+        "chance": sweep_chance(params),
         "runs": {r["run"]: {k: r[k] for k in ("stem", "fraction", "seed", "mIoU", "mAcc", "aAcc", "train_images",
                                               "iters")} for r in results},
     }
