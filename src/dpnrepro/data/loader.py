@@ -26,7 +26,9 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
     ``input.backend: pil`` (default): torchvision v2 ops on a PIL image. ``fast`` (train only):
     :class:`dpnrepro.data.fast.FastTrainTransform` — same samplers, same RNG draws, same ops, computed
-    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts).
+    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts). ``gpu``:
+    the trainer augments on the device (:func:`train_batches`); a per-image transform is its CPU
+    reference, the ``fast`` one.
     RandAugment's op choice comes from Python's ``random`` in both (timm draws it from NumPy's global
     RNG, which the per-example seeding does not cover).
     """
@@ -43,7 +45,7 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
         erase = [RandomErasing(probability=cfg["random_erasing"], mode="pixel", device="cpu")]
     as_uint8 = uint8 and not erase  # random erasing works on the scaled float tensor
-    if train and cfg.get("backend", "pil") == "fast":
+    if train and cfg.get("backend", "pil") in ("fast", "gpu"):  # gpu: its CPU reference (data/gpu.py)
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
                                   crop_min_area=cfg.get("crop_min_area", 0.05),
@@ -279,6 +281,22 @@ class TransformedSplit(torch.utils.data.Dataset):
             ex = self.ds[int(key)]
             x = self.transform(ex["image"])
         return x, self._target(ex)
+
+
+def train_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None, device):
+    """The trainer's train batches ``(uint8 images, targets)`` for ``input_cfg["backend"]``: ``pil`` and
+    ``fast`` transform on the CPU in loader workers (images on the host); ``gpu`` draws in the workers and
+    decodes and augments on ``device`` (:func:`dpnrepro.data.gpu.device_batches`; images on ``device``)."""
+    backend = input_cfg.get("backend", "pil")
+    if backend == "gpu":
+        from dpnrepro.data.gpu import device_batches
+
+        return device_batches(ds, input_cfg, sampler, workers, num_classes, device)
+    if backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
+        from dpnrepro.data.fast import undecoded
+
+        ds = undecoded(ds)
+    return train_loader(ds, build_transform(input_cfg, train=True, uint8=True), sampler, workers, num_classes)
 
 
 def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0, num_classes: int | None = None):
