@@ -46,7 +46,9 @@ from dpnrepro.errors import DatasetError, UserError
 class Plan(NamedTuple):
     """One example as a worker hands it over: its bytes (or pixels) and every random draw of its transform."""
 
-    payload: torch.Tensor  # uint8: the JPEG file (1-D) or decoded pixels (H, W, C)
+    # the JPEG file, or uint8 pixels (H, W, C): bytes and NumPy pickle through the worker pipe (a torch tensor
+    # would travel as a shared-memory file descriptor each: 256 a batch)
+    payload: bytes | np.ndarray
     jpeg: bool
     box: tuple[int, int, int, int]  # top, left, height, width
     flip: bool
@@ -101,10 +103,11 @@ class PlanTransform:
             data, where, _ = _encoded(image)
             wh = jpeg_size(data) if data is not None else None
         if wh is not None:
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            payload = bytes(data)
             box = inception_crop_params(wh[1], wh[0], self.scale, sampler=self.crop_sampler)
         else:  # pixels, PNG, PIL: decoded here (no draws), box from the pixels' size as the CPU path does
-            payload, _ = decode(image, self.mode, self.size, crop=False)
+            pixels, _ = decode(image, self.mode, self.size, crop=False)
+            payload = pixels.numpy()
             box = inception_crop_params(payload.shape[0], payload.shape[1], self.scale, sampler=self.crop_sampler)
         flip = bool(self.flip and torch.rand(1) < 0.5)  # v2.RandomHorizontalFlip's draw
         ops = tuple(draw_op(op, self.size) for op in self.randaug.choose()) if self.randaug else ()
@@ -126,16 +129,20 @@ def upload(batch: torch.Tensor, device) -> torch.Tensor:
     return batch.pin_memory().to(device, non_blocking=True)
 
 
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 def _decode_jpegs(plans: list[Plan], mode, device) -> list[torch.Tensor]:
     """The JPEG payloads decoded on ``device`` in one call (C, H, W); a failure names the file."""
     from torchvision.io import decode_jpeg
 
     try:
-        return decode_jpeg([p.payload for p in plans], mode=mode, device=device)
+        return decode_jpeg([_bytes_tensor(p.payload) for p in plans], mode=mode, device=device)
     except RuntimeError:
         for p in plans:  # find the culprit: one decode each
             try:
-                decode_jpeg(p.payload, mode=mode, device=device)
+                decode_jpeg(_bytes_tensor(p.payload), mode=mode, device=device)
             except RuntimeError as exc:
                 raise DatasetError(f"cannot decode image {p.where} on {device}: corrupt JPEG: {exc}") from exc
         raise
@@ -170,7 +177,7 @@ class DeviceAugment:
         decoded = iter(_decode_jpegs(jpegs, mode, self.device) if jpegs else ())
         out = torch.empty((len(plans), self.channels, self.size, self.size), dtype=torch.uint8, device=self.device)
         for k, p in enumerate(plans):
-            img = next(decoded) if p.jpeg else upload(p.payload, self.device).permute(2, 0, 1)
+            img = next(decoded) if p.jpeg else upload(torch.from_numpy(p.payload), self.device).permute(2, 0, 1)
             out[k] = resize_crop(img, p.box, self.size, self.antialias)
         return out
 
