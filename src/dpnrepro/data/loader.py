@@ -319,10 +319,25 @@ def eval_loader(ds, transform, batch_size: int, workers: int = 0):
     )
 
 
-def eval_batches(ds, input_cfg: dict, batch_size: int):
+def eval_shard(n: int, batch_size: int, rank: int, world_size: int) -> range:
+    """The examples rank ``rank`` of ``world_size`` evaluates: a contiguous run of whole batches of one
+    sequential pass (the first ranks take one batch more when they do not divide evenly), so every example
+    sits in the batch it sits in with one process and the ranks' results, in rank order, are that pass's."""
+    batches = -(-n // batch_size)
+    per, extra = divmod(batches, world_size)
+    first = rank * per + min(rank, extra)
+    last = first + per + (rank < extra)
+    return range(min(n, first * batch_size), min(n, last * batch_size))
+
+
+def eval_batches(ds, input_cfg: dict, batch_size: int, rank: int = 0, world_size: int = 1):
     """The evaluation batches ``(images, targets)`` of ``ds`` with the eval preprocessing of ``input_cfg``,
     streamed: each batch is decoded and transformed when it is consumed (``input_cfg["workers"]``, from
     ``runtime.workers``, loader processes decode ahead) and nothing of the split is kept, so host memory
     does not grow with the split. The batches are those of one sequential pass, in order, whatever the
-    number of workers. Evaluators that need the whole split keep only its features or logits."""
+    number of workers. Evaluators that need the whole split keep only its features or logits. Under
+    ``torchrun`` (``world_size`` > 1) only this rank's share of that pass (:func:`eval_shard`)."""
+    if world_size > 1:
+        shard = eval_shard(len(ds), batch_size, rank, world_size)
+        ds = ds.select(shard if len(shard) else [])  # more ranks than batches: nothing ('datasets' refuses range(n, n))
     return eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))
