@@ -1,5 +1,6 @@
-"""``input.backend: gpu`` (data/gpu.py, data/gpu_ops.py) run with device="cpu" against the CPU path on real JPEG
-photos: the same draws (crop box, flip, RandAugment ops and arguments) for the same seed, pixels within stated bounds."""
+"""``input.backend: gpu`` (data/gpu.py, data/gpu_ops.py) run with device="cpu" against the CPU path on real
+JPEG photos: the same draws (crop box, flip, RandAugment ops and arguments) for the same seed, pixels within
+stated bounds."""
 from __future__ import annotations
 
 import random
@@ -257,7 +258,8 @@ def test_gpu_benchmark_report_rows():
                                                        "cores_for_b16": 0.289}}},
                           "device_half": {"batch": 256, "img_per_s": 20000.0, "main_cpu_s_per_img": 5e-5},
                           "end_to_end": e2e,
-                          "agreement": {"images": 64, "max_abs_diff": 2.0, "mean_abs_diff": 0.0125, "frac_over_1": 0.001}})
+                          "agreement": {"images": 64, "max_abs_diff": 2.0, "mean_abs_diff": 0.0125,
+                                        "frac_over_1": 0.001}})
     assert "| `gpu` | read bytes, parse header, draw crop / flip / RandAugment | 11408 [11059, 11639] | 0.29 |" in md
     assert "| `pil` | 14 | 2000 | 2.40 | 7.9 |" in md and "| `gpu` | 14 | 9000 | 0.20 | 0.7 |" in md
     assert "20000 img/s, 0.050 ms" in md and "max |diff| 2, mean 0.013" in md

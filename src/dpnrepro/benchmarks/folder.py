@@ -271,5 +271,6 @@ def gpu_path(folder: str | os.PathLike, workers: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         ds = _split(Path(folder), Path(tmp))
         e2e = [gpu_input.end_to_end(b, "cuda", workers, ds=ds) for b in gpu_input.BACKENDS]
-    return {"device": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "torch": torch.__version__, "end_to_end": e2e, "device_half": gpu_input.device_rate("cuda"),
+    return {"device": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "end_to_end": e2e, "device_half": gpu_input.device_rate("cuda"),
             "agreement": gpu_input.agreement()}

@@ -53,7 +53,8 @@ def _worker_transform(backend: str):
     from dpnrepro.data.loader import build_transform
 
     if backend == "gpu":
-        return PlanTransform(INPUT["image_size"], 3, randaug=INPUT["randaug"], crop_sampler=INPUT["crop_sampler"]), undecoded
+        plan = PlanTransform(INPUT["image_size"], 3, randaug=INPUT["randaug"], crop_sampler=INPUT["crop_sampler"])
+        return plan, undecoded
     return build_transform({**INPUT, "backend": backend}, train=True, uint8=True), (
         undecoded if backend == "fast" else (lambda ds: ds))
 
@@ -176,7 +177,8 @@ def agreement(batch: int = 64) -> dict:
     from dpnrepro.data.gpu import DeviceAugment
 
     plans = _plans(batch, seed=1)
-    out = {d: DeviceAugment(INPUT["image_size"], 3, d, INPUT["crop_sampler"])(plans).cpu().int() for d in ("cuda", "cpu")}
+    out = {d: DeviceAugment(INPUT["image_size"], 3, d, INPUT["crop_sampler"])(plans).cpu().int()
+           for d in ("cuda", "cpu")}
     diff = (out["cuda"] - out["cpu"]).abs().float()
     return {"images": batch, "max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
             "frac_over_1": (diff > 1).float().mean().item()}
@@ -209,13 +211,14 @@ def render_markdown(res: dict) -> str:
                   "| backend | workers | img/s (wall) | CPU ms per image (main + workers) | cores for 3,300 img/s |",
                   "|---|---:|---:|---:|---:|"]
         for r in e2e:
-            lines.append(f"| `{r['backend']}` | {r['workers']} | {r['img_per_s']:.0f} | {r['cpu_s_per_img'] * 1e3:.2f} | "
-                         f"{r['cores_for_b16']:.1f} |")
+            lines.append(f"| `{r['backend']}` | {r['workers']} | {r['img_per_s']:.0f} | "
+                         f"{r['cpu_s_per_img'] * 1e3:.2f} | {r['cores_for_b16']:.1f} |")
         lines.append("")
     agr = res.get("agreement")
     if agr:
-        lines += [f"CUDA vs CPU on the same plans ({agr['images']} images): max |diff| {agr['max_abs_diff']:.0f}, mean "
-                  f"{agr['mean_abs_diff']:.3f} grey levels, {100 * agr['frac_over_1']:.2f} % of the values off by > 1.", ""]
+        lines += [f"CUDA vs CPU on the same plans ({agr['images']} images): max |diff| {agr['max_abs_diff']:.0f}, "
+                  f"mean {agr['mean_abs_diff']:.3f} grey levels, {100 * agr['frac_over_1']:.2f} % of the values "
+                  "off by > 1.", ""]
     return "\n".join(lines)
 
 
