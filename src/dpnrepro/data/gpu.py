@@ -21,7 +21,7 @@ Split of the work (same op chain as ``pil`` / ``fast``: inception crop → flip 
 Agreement with the CPU path (``tests/test_gpu_input.py``, device="cpu", real JPEG photos): identical crop
 boxes, flips, ops and arguments for every seed (and the RNGs left in the same state); crop + resize within
 1 grey level (big_vision: ~0.1 % of the values; torchvision: ~11 %, float vs torch's fixed-point uint8
-kernel); every big_vision RandAugment op bit-exact on equal inputs (:mod:`dpnrepro.data.gpu_ops`). End to
+kernel); every RandAugment op bit-exact against PIL on equal inputs (:mod:`dpnrepro.data.gpu_ops`). End to
 end (crop, flip, ``rand-n2-m15-tbigvision``) the mean |diff| is 0.001 (big_vision crop) / 0.22 (torchvision
 crop): RandAugment amplifies the resize's 1-level differences (factors up to 2.8, histogram stretches).
 On CUDA nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's: ``scripts/bench_folder.py

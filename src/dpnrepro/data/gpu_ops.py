@@ -14,19 +14,19 @@ Brightness, Color, Contrast       PIL's ``Image.blend`` in float32, truncated; C
                                   blends towards ``int(mean(L) + .5)``, big_vision's towards a constant
 Sharpness                         PIL's SMOOTH 3x3 (weights 1, centre 5, / 13) rounded, borders kept,
                                   blended as above; the filter's float sum order differs from OpenCV's
-Rotate, ShearX/Y, TranslateX/Y,   PIL's affine map of pixel centres in float64; nearest = floor of the
-TranslateX/YRel                   source point (PIL's); bilinear / bicubic (timm's own specs) through
-                                  ``grid_sample`` with clamped edges (bicubic a = -0.75, as OpenCV's in the
-                                  fast path; PIL's is -1); fill where the source point is outside the image
+Rotate, ShearX/Y, TranslateX/Y,   PIL's affine map: nearest neighbour in 16.16 fixed point (a pure shift in
+TranslateX/YRel                   float64), as ``affine_fixed`` / ``ImagingScaleAffine``; bilinear / bicubic
+                                  (timm's own specs) as ``bilinear_filter8`` / ``bicubic_filter8``: float64,
+                                  clamped neighbours, PIL's a = -1 cubic, truncated; the fill colour where
+                                  the source point is outside the image
 ================================  ====================================================================
 
 Measured on the same uint8 inputs (tests/test_gpu_input.py, real photos, 12 draws per op): every op of
-big_vision's RandAugment (``rand-n2-m15-tbigvision``) is **bit-exact against PIL** (timm's op on a PIL image),
-Rotate included (PIL's 16.16 fixed-point nearest-neighbour map); against the ``fast`` CPU path all but Rotate
-are exact too (its OpenCV nearest-neighbour rotation picks a neighbouring pixel for ~0.1 % of them). timm's
-own specs (DeiT's ``rand-m9-mstd0.5-inc1``) draw bilinear / bicubic filters for the geometric ops: those differ
-from PIL by up to 6 grey levels (Rotate; Shear 4, Translate 4) on 25-40 % of the pixels, from the fast path
-by 1 (Rotate / Shear, both OpenCV-like kernels) and 4 (Translate, PIL there); every other op is exact.
+big_vision's RandAugment (``rand-n2-m15-tbigvision``) and of timm's own specs (DeiT's ``rand-m9-mstd0.5-inc1``,
+bilinear / bicubic geometric ops) is **bit-exact against PIL** (timm's op on a PIL image). Against the ``fast``
+CPU path, whose geometric ops are OpenCV approximations of PIL's, Rotate differs on ~0.1 % of the pixels
+(nearest neighbour) and Rotate / Shear by <= 6 grey levels on ~40 % of them (bilinear / bicubic); every other
+op is exact there too.
 """
 
 from __future__ import annotations
@@ -221,6 +221,37 @@ def _fixed_point_coords(mats, h: int, w: int, device) -> tuple[torch.Tensor, tor
     return torch.div(xx, 65536, rounding_mode="floor"), torch.div(yy, 65536, rounding_mode="floor")
 
 
+def _cubic(v1, v2, v3, v4, d):
+    """PIL's ``BICUBIC`` macro (a = -1), its operation order in float64."""
+    p2 = -v1 + v3
+    p3 = 2 * (v1 - v2) + v3 - v4
+    p4 = -v1 + v2 - v3 + v4
+    return v2 + d * (p2 + d * (p3 + d * p4))
+
+
+def _filtered(src: torch.Tensor, sx: torch.Tensor, sy: torch.Tensor, bicubic: bool) -> torch.Tensor:
+    """PIL's ``bilinear_filter8`` / ``bicubic_filter8`` of uint8 ``src`` (n, C, H, W) at the source points
+    ``(sx, sy)`` (n, H, W): at the point minus .5, neighbours clamped to the image, float64, truncated."""
+    n, c, h, w = src.shape
+    px, py = sx - 0.5, sy - 0.5
+    fx, fy = px.floor(), py.floor()
+    dx, dy = (px - fx)[:, None], (py - fy)[:, None]
+    ix, iy = fx.long(), fy.long()
+    flat = src.reshape(n, c, h * w)
+
+    def at(oy: int, ox: int) -> torch.Tensor:
+        idx = (iy + oy).clamp(0, h - 1) * w + (ix + ox).clamp(0, w - 1)
+        return flat.gather(2, idx.view(n, 1, h * w).expand(-1, c, -1)).view(n, c, h, w).double()
+
+    if not bicubic:
+        top, bottom = at(0, 0), at(1, 0)
+        top = top + (at(0, 1) - top) * dx
+        bottom = bottom + (at(1, 1) - bottom) * dx
+        return (top + (bottom - top) * dy).trunc().to(torch.uint8)
+    rows = [_cubic(*(at(oy, ox) for ox in (-1, 0, 1, 2)), dx) for oy in (-1, 0, 1, 2)]
+    return _cubic(*rows, dy).clamp(0, 255).trunc().to(torch.uint8)
+
+
 def affine(name: str):
     """The batched op of geometric op ``name``: output pixel (x, y) samples the input at ``A (x + .5, y + .5) + t``."""
 
@@ -251,13 +282,10 @@ def affine(name: str):
             inside = ((ix >= 0) & (ix < w) & (iy >= 0) & (iy < h))[:, None]
             flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(len(todo), 1, h * w).expand(-1, c, -1)
             picked = src.reshape(len(todo), c, h * w).gather(2, flat).view(len(todo), c, h, w)
-        for mode, code in (("bilinear", Image.Resampling.BILINEAR), ("bicubic", Image.Resampling.BICUBIC)):
+        for code in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
             sel = [j for j, r in enumerate(resample) if r == code]
-            if sel:  # interpolation at the point minus .5, edges clamped (grid_sample's pixel-centre grid)
-                grid = torch.stack((2 * sx[sel] / w - 1, 2 * sy[sel] / h - 1), dim=-1).float()
-                y = torch.nn.functional.grid_sample(src[sel].float(), grid, mode=mode, padding_mode="border",
-                                                    align_corners=False)
-                picked[sel] = y.round_().clamp_(0, 255).to(torch.uint8)
+            if sel:
+                picked[sel] = _filtered(src[sel], sx[sel], sy[sel], bicubic=code == Image.Resampling.BICUBIC)
         out[todo] = _fill(picked, ~inside, [params[k] for k in todo])
         return out
 
