@@ -24,8 +24,9 @@ boxes, flips, ops and arguments for every seed (and the RNGs left in the same st
 kernel); every RandAugment op bit-exact against PIL on equal inputs (:mod:`dpnrepro.data.gpu_ops`). End to
 end (crop, flip, ``rand-n2-m15-tbigvision``) the mean |diff| is 0.001 (big_vision crop) / 0.22 (torchvision
 crop): RandAugment amplifies the resize's 1-level differences (factors up to 2.8, histogram stretches).
-On CUDA nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's: ``scripts/bench_folder.py
---gpu-decode`` measures that difference; it is not known before a GPU session has run it. Not supported
+On CUDA nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's: ``python -m
+dpnrepro.benchmarks.gpu_input --device cuda`` (``run_gpu.sh`` phase ``input``) measures that difference; it
+is not known before a GPU session has run it. Not supported
 (one-line error): ``inception_crop: false`` and ``random_erasing`` (use ``fast``). For crops of at least
 ``2 S`` px on both sides the ``fast`` CPU path decodes at reduced JPEG scale (``draft``); this path decodes
 at full scale, like ``pil`` (never at 224 px from ImageNet-sized photos).
