@@ -188,6 +188,26 @@ def test_a_corrupt_jpeg_is_named(photos):
         DeviceAugment(64, 3, "cpu")(PlanBatch(plans))
 
 
+def test_a_jpeg_the_device_refuses_is_decoded_on_the_cpu(photos, monkeypatch):
+    """nvJPEG refuses some valid JPEGs (CMYK, ...): the batch still decodes, that image through libjpeg-turbo."""
+    import torchvision.io
+
+    real, refused = torchvision.io.decode_jpeg, photos[2]
+
+    def device_decoder(data, mode=torchvision.io.ImageReadMode.UNCHANGED, device=None, **kw):
+        batch = data if isinstance(data, list) else [data]
+        if device is not None and any(bytes(t.numpy()) == refused for t in batch):
+            raise RuntimeError("nvjpeg: unsupported JPEG")
+        return real(data, mode=mode, **kw)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", device_decoder)
+    plan = PlanTransform(64, 3)
+    plans = [_seeded(lambda: plan(b), k)[0] for k, b in enumerate(photos[:4])]
+    out = DeviceAugment(64, 3, "cpu")(PlanBatch(plans))
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", real)
+    assert torch.equal(out, DeviceAugment(64, 3, "cpu")(PlanBatch(plans)))
+
+
 def test_gpu_backend_refuses_what_it_does_not_implement():
     from dpnrepro.data.gpu import device_batches
 

@@ -135,18 +135,25 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
 
 
 def _decode_jpegs(plans: list[Plan], mode, device) -> list[torch.Tensor]:
-    """The JPEG payloads decoded on ``device`` in one call (C, H, W); a failure names the file."""
+    """The JPEG payloads decoded on ``device`` in one call (C, H, W). When the batch fails (a JPEG the device
+    decoder does not take: CMYK, some progressive files; or a corrupt one), each image alone, and one the
+    device refuses on the CPU (libjpeg-turbo, then uploaded); a file the CPU cannot decode either is named."""
     from torchvision.io import decode_jpeg
 
     try:
         return decode_jpeg([_bytes_tensor(p.payload) for p in plans], mode=mode, device=device)
     except RuntimeError:
-        for p in plans:  # find the culprit: one decode each
+        pass
+    out = []
+    for p in plans:
+        try:
+            out.append(decode_jpeg(_bytes_tensor(p.payload), mode=mode, device=device))
+        except RuntimeError:
             try:
-                decode_jpeg(_bytes_tensor(p.payload), mode=mode, device=device)
+                out.append(upload(decode_jpeg(_bytes_tensor(p.payload), mode=mode), device))
             except RuntimeError as exc:
-                raise DatasetError(f"cannot decode image {p.where} on {device}: corrupt JPEG: {exc}") from exc
-        raise
+                raise DatasetError(f"cannot decode image {p.where}: corrupt JPEG: {exc}") from exc
+    return out
 
 
 def resize_crop(img: torch.Tensor, box, size: int, antialias: bool) -> torch.Tensor:
