@@ -209,13 +209,13 @@ def test_a_jpeg_the_device_refuses_is_decoded_on_the_cpu(photos, monkeypatch):
 
 
 def test_gpu_backend_refuses_what_it_does_not_implement():
-    from dpnrepro.data.gpu import device_batches
+    from dpnrepro.data.loader import train_batches
 
-    cfg = {"image_size": 28, "channels": 3, "randaug": ""}
+    cfg = {"image_size": 28, "channels": 3, "randaug": "", "backend": "gpu"}
     with pytest.raises(UserError, match="inception_crop"):
-        device_batches([], {**cfg, "inception_crop": False}, None, 0, None, "cpu")
+        train_batches([], {**cfg, "inception_crop": False}, None, 0, None, "cpu")
     with pytest.raises(UserError, match="random erasing"):
-        device_batches([], {**cfg, "random_erasing": 0.25}, None, 0, None, "cpu")
+        train_batches([], {**cfg, "random_erasing": 0.25}, None, 0, None, "cpu")
 
 
 def test_upload_off_cuda_is_a_plain_copy():

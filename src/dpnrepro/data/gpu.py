@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from dpnrepro.errors import DatasetError, UserError
+from dpnrepro.errors import DatasetError
 
 
 class Plan(NamedTuple):
@@ -246,25 +246,3 @@ class DeviceBatches:
             pending = started
         if pending is not None:
             yield self._ready(pending)
-
-
-def device_batches(ds, input_cfg: dict, sampler, workers: int, num_classes: int | None, device):
-    """The trainer's train batches with ``input.backend: gpu`` (uint8 on ``device``; any device, the CPU
-    included: that is how the tests run it)."""
-    from dpnrepro.data.fast import undecoded
-    from dpnrepro.data.loader import TransformedSplit
-
-    if not input_cfg.get("inception_crop", True):
-        raise UserError("input.backend gpu implements the inception-crop train pipeline only; "
-                        "with inception_crop: false use input.backend fast")
-    if input_cfg.get("random_erasing", 0) > 0:
-        raise UserError("input.backend gpu has no device random erasing; use input.backend fast for this recipe")
-    size, channels = input_cfg["image_size"], input_cfg["channels"]
-    sampler_name = input_cfg.get("crop_sampler", "torchvision")
-    plan = PlanTransform(size, channels, flip=input_cfg.get("flip", True), randaug=input_cfg.get("randaug", ""),
-                         crop_min_area=input_cfg.get("crop_min_area", 0.05), crop_sampler=sampler_name)
-    loader = torch.utils.data.DataLoader(
-        TransformedSplit(undecoded(ds), plan, num_classes), batch_sampler=sampler, num_workers=workers,
-        collate_fn=collate_plans, persistent_workers=False,
-        generator=torch.Generator().manual_seed(sampler.seed))
-    return DeviceBatches(loader, DeviceAugment(size, channels, device, sampler_name))

@@ -286,17 +286,38 @@ class TransformedSplit(torch.utils.data.Dataset):
 def train_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None, device):
     """The trainer's train batches ``(uint8 images, targets)`` for ``input_cfg["backend"]``: ``pil`` and
     ``fast`` transform on the CPU in loader workers (images on the host); ``gpu`` draws in the workers and
-    decodes and augments on ``device`` (:func:`dpnrepro.data.gpu.device_batches`; images on ``device``)."""
+    decodes and augments on ``device`` (``data/gpu.py``; images on ``device``)."""
     backend = input_cfg.get("backend", "pil")
     if backend == "gpu":
-        from dpnrepro.data.gpu import device_batches
-
-        return device_batches(ds, input_cfg, sampler, workers, num_classes, device)
+        return _device_batches(ds, input_cfg, sampler, workers, num_classes, device)
     if backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
         from dpnrepro.data.fast import undecoded
 
         ds = undecoded(ds)
     return train_loader(ds, build_transform(input_cfg, train=True, uint8=True), sampler, workers, num_classes)
+
+
+def _device_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None,
+                    device):
+    """``input.backend: gpu``: workers make :class:`dpnrepro.data.gpu.Plan` s (bytes + draws), the main process
+    decodes and augments them on ``device`` (any device, the CPU included: that is how the tests run it)."""
+    from dpnrepro.data.fast import undecoded
+    from dpnrepro.data.gpu import DeviceAugment, DeviceBatches, PlanTransform, collate_plans
+
+    if not input_cfg.get("inception_crop", True):
+        raise UserError("input.backend gpu implements the inception-crop train pipeline only; "
+                        "with inception_crop: false use input.backend fast")
+    if input_cfg.get("random_erasing", 0) > 0:
+        raise UserError("input.backend gpu has no device random erasing; use input.backend fast for this recipe")
+    size, channels = input_cfg["image_size"], input_cfg["channels"]
+    crop_sampler = input_cfg.get("crop_sampler", "torchvision")
+    plan = PlanTransform(size, channels, flip=input_cfg.get("flip", True), randaug=input_cfg.get("randaug", ""),
+                         crop_min_area=input_cfg.get("crop_min_area", 0.05), crop_sampler=crop_sampler)
+    loader = torch.utils.data.DataLoader(
+        TransformedSplit(undecoded(ds), plan, num_classes), batch_sampler=sampler, num_workers=workers,
+        collate_fn=collate_plans, persistent_workers=False,
+        generator=torch.Generator().manual_seed(sampler.seed))  # keep the global RNG out of the loader
+    return DeviceBatches(loader, DeviceAugment(size, channels, device, crop_sampler))
 
 
 def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0, num_classes: int | None = None):
