@@ -9,7 +9,7 @@
 #   bash benchmarks/measured/run_gpu.sh tests step loop       # some phases
 #   DRY_RUN=1 bash benchmarks/measured/run_gpu.sh             # CPU: tiny sizes, checks the plumbing (tests/)
 #
-# phases: env tests step loop profile mini collect. `collect` (python -m dpnrepro.benchmarks.gpu_validation
+# phases: env tests step loop input profile mini collect. `collect` (python -m dpnrepro.benchmarks.gpu_validation
 # collect RES) writes benchmarks/measured/gpu_validation.json and reports/gpu_validation.md (plain files, not
 # DVC outputs: no CI machine has a GPU). The earlier throughput matrix (every arch x stem, eager/compiled) is
 # `python -m dpnrepro.benchmarks.gpu_measured` (reports/benchmarks_gpu.md). Needs the project's packages (pydantic, datasets, dvc, dvclive) importable: on a bare
@@ -17,7 +17,7 @@
 set -u -o pipefail
 RES=${RES:-/tmp/gpu_validation}
 mkdir -p "$RES"
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
   DVC_NO_ANALYTICS=1 DPNREPRO_CPU_THREADS=${DPNREPRO_CPU_THREADS:-8}
 PY=${PYTHON:-python3}
 DRY=${DRY_RUN:-0}
@@ -110,6 +110,27 @@ phase_loop() {  # the trainer's own loop on real JPEGs (full profile's table1 re
   lp loop_b16_compiled_fast --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend fast
 }
 
+phase_input() {  # input.backend gpu (data/gpu.py) against pil / fast: img/s and CPU cores for B/16's 3,300 img/s
+  local w=$(( CPUS > 2 ? CPUS - 2 : 1 ))
+  if [ "$DRY" = 1 ]; then
+    job input_dry $PY -m dpnrepro.benchmarks.gpu_input --device cpu --rounds 2 --skip-end-to-end --out "$RES/input_dry.json"
+    return
+  fi
+  # the pipeline alone (worker half per core, device half, the trainer's batches end to end, CUDA vs CPU pixels)
+  job input_gpu $PY -m dpnrepro.benchmarks.gpu_input --device cuda --workers $w --out "$RES/input_gpu.json" \
+    --out-md "$RES/input_gpu.md"
+  # the trainer's loop with B/16 on top, full profile recipe (big_vision crop, RandAugment m15, mixup), per backend
+  lp() { local name=$1; shift; job "$name" $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
+  lp loop_b16_compiled_gpuinput --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend gpu
+  lp loop_b16_compiled_pil --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend pil
+  lp loop_b16_compiled_fast --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend fast
+  # the same from a real-photo JPEG folder on disk (needs foolbox's wheel in .whl/, see photo_folder.py)
+  if $PY -c "import foolbox" 2>/dev/null || ls .whl/foolbox-*.whl >/dev/null 2>&1; then
+    job input_folder $PY scripts/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 --gpu-decode \
+      --skip-prepare --tmp /tmp --out-json "$RES/input_folder.json" --out-md "$RES/input_folder.md"
+  fi
+}
+
 phase_profile() {  # where Ti/16's eager step spends its time (torch.profiler, CPU and CUDA)
   [ "$DRY" = 1 ] && return
   job profile_ti16 $PY -m dpnrepro.benchmarks.step_profile --arch Ti-16 --batch-size 256 --out "$RES/profile_ti16.json"
@@ -142,7 +163,7 @@ PY
 
 phase_collect() { $PY -m dpnrepro.benchmarks.gpu_validation collect "$RES"; }
 
-phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests step loop profile mini collect)
+phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests step loop input profile mini collect)
 for p in "${phases[@]}"; do
   echo "######## phase $p ($(date +%T))"
   "phase_$p"

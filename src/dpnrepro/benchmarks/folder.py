@@ -210,10 +210,27 @@ def render_markdown(res: dict) -> str:
         full = " (full profile)" if (p["backend"], p["crop_sampler"]) == ("pil", "big_vision") else ""
         lines.append(f"| `{p['backend']}` | `{p['crop_sampler']}`{full} | {p['img_per_s_per_core']:.0f}{ci} | "
                      f"{p['wall_img_per_s']:.0f} | {p['cores_for_b16']:.1f} |")
+    if prep:
+        lines += _prepare_lines(fol, prep)
+    gpu = res.get("gpu")
+    if gpu is not None:
+        lines += ["## `input.backend: gpu` on a GPU, files read from the folder", ""]
+        if "note" in gpu:
+            lines += [f"`--gpu-decode`: {gpu['note']}.", ""]
+        else:
+            from dpnrepro.benchmarks.gpu_input import render_markdown as gpu_markdown
+
+            lines.append(f"{gpu['device']}, {gpu['cpus']} CPUs; `input.backend: gpu`: the loader workers read and "
+                         "draw, the GPU decodes (nvJPEG) and augments (`data/gpu.py`).")
+            lines += gpu_markdown({"command": res["command"], **gpu}).split("\n")[3:]
+    return "\n".join(lines)
+
+
+def _prepare_lines(fol: dict, prep: dict) -> list[str]:
     n_prep = fol["splits"]["train"]["images"] + fol["splits"].get("validation", {}).get("images", 0)
     scale = 100_000 / n_prep
     measured = scale <= 1  # a folder of 100k images or more: the table is the measurement, nothing extrapolated
-    lines += [
+    lines = [
         "",
         f"## `prepare` of the folder ({n_prep:,} images)",
         "",
@@ -232,42 +249,28 @@ def render_markdown(res: dict) -> str:
         lines.append(f"| {r['storage']} | {r['workers']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
                      f"{_mb(r['bytes_written'])} | {cache} |"
                      + ("" if measured else f" {r['wall_s'] * scale:,.0f} s, {_mb(r['bytes_written'] * scale)} |"))
-    gpu = res.get("gpu_decode")
-    if gpu is not None:
-        lines += ["", "GPU decode path (`benchmarks/gpu_decode.py`, nvJPEG batch decode + crop + resize, file reads "
-                  "excluded): " + (f"{gpu['img_per_s']:.0f} img/s on {gpu['device']} (batch {gpu['batch']})"
-                                   if gpu["img_per_s"] else gpu["note"]) + "."]
     same = [k for k in prep if k.startswith("source") and prep[k].get("sha256") == prep["copy"]["sha256"]]
-    lines += [
+    return lines + [
         "",
         "Content hashes (`manifest.json`, per split): copy and source storage "
         + ("agree" if len(same) == 2 else "differ (the two list the folder's files in different orders)") + ".",
         "",
     ]
-    return "\n".join(lines)
 
 
-def gpu_decode_rate(folder: str | os.PathLike, batch: int = 256, rounds: int = 5, sampler: str = "big_vision",
-                    size: int = 224) -> dict:
-    """img/s of :func:`dpnrepro.benchmarks.gpu_decode.decode_crop_batch` on CUDA (batch decode + crop + resize of
-    the folder's train JPEGs, boxes drawn on the CPU beforehand, file reads excluded); None without a GPU."""
+def gpu_path(folder: str | os.PathLike, workers: int) -> dict:
+    """The trainer's batches end to end from the folder's files (:func:`dpnrepro.benchmarks.gpu_input.end_to_end`)
+    for ``pil``, ``fast`` and ``gpu`` on CUDA, the device half alone, and CUDA-vs-CPU agreement; without a GPU,
+    a note."""
     import torch
 
-    from dpnrepro.benchmarks.gpu_decode import decode_crop_batch, sample_boxes
+    from dpnrepro.benchmarks import gpu_input
 
     if not torch.cuda.is_available():
-        return {"img_per_s": None, "note": "no CUDA device: not measured"}
-    files = sorted(Path(folder, "train").rglob("*.jpg"))[: batch * rounds]
-    blobs = [p.read_bytes() for p in files]
-    boxes = sample_boxes(blobs, list(range(len(blobs))), sampler=sampler)
-    decode_crop_batch(blobs[:batch], boxes[:batch], size, "cuda", sampler)  # warm-up: nvJPEG handles
-    torch.cuda.synchronize()
-    rates = []
-    for r in range(len(blobs) // batch):
-        sl = slice(r * batch, (r + 1) * batch)
-        t0 = time.perf_counter()
-        decode_crop_batch(blobs[sl], boxes[sl], size, "cuda", sampler)
-        torch.cuda.synchronize()
-        rates.append(batch / (time.perf_counter() - t0))
-    return {"img_per_s": median_ci(rates)[0], "rounds_img_per_s": rates, "batch": batch, "sampler": sampler,
-            "device": torch.cuda.get_device_name()}
+        return {"note": "no CUDA device: not measured"}
+    with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
+        ds = _split(Path(folder), Path(tmp))
+        e2e = [gpu_input.end_to_end(b, "cuda", workers, ds=ds) for b in gpu_input.BACKENDS]
+    return {"device": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "end_to_end": e2e, "device_half": gpu_input.device_rate("cuda"),
+            "agreement": gpu_input.agreement()}

@@ -221,19 +221,22 @@ def _affine(arr: np.ndarray, matrix, resample: int, fill) -> np.ndarray:
     return out
 
 
-def _rotate(arr, degrees, **kw):
-    resample = _resample(kw)
+def rotate_matrix(degrees: float, height: int, width: int) -> tuple | None:
+    """PIL ``Image.rotate``'s inverse affine matrix (a, b, c, d, e, f) about the image centre; None at 0 degrees."""
     angle = degrees % 360.0
     if angle == 0:
-        return arr.copy()
-    h, w = arr.shape[:2]
-    cx, cy = w / 2.0, h / 2.0
+        return None
+    cx, cy = width / 2.0, height / 2.0
     rad = -math.radians(angle)
     a, b = round(math.cos(rad), 15), round(math.sin(rad), 15)
     d, e = round(-math.sin(rad), 15), round(math.cos(rad), 15)
-    c = a * -cx + b * -cy + cx
-    f = d * -cx + e * -cy + cy
-    return _affine(arr, (a, b, c, d, e, f), resample, kw["fillcolor"])
+    return a, b, a * -cx + b * -cy + cx, d, e, d * -cx + e * -cy + cy
+
+
+def _rotate(arr, degrees, **kw):
+    resample = _resample(kw)
+    matrix = rotate_matrix(degrees, *arr.shape[:2])
+    return arr.copy() if matrix is None else _affine(arr, matrix, resample, kw["fillcolor"])
 
 
 def _shear_x(arr, factor, **kw):
@@ -299,16 +302,25 @@ FAST_OPS = {"Rotate": _rotate, "ShearX": _shear_x, "ShearY": _shear_y, "Sharpnes
             "Brightness": _brightness}
 
 
-def apply_op(op, arr: np.ndarray) -> np.ndarray:
-    """One timm ``AugmentOp`` on a uint8 array, consuming Python ``random`` exactly as ``op(img)`` does."""
+def op_args(op) -> tuple | None:
+    """The level arguments of one timm ``AugmentOp`` call, drawn from Python ``random`` as ``op(img)`` draws
+    them (probability, magnitude noise, random sign); None when the op is skipped. Draws made inside the
+    op's image function (timm's filter choice, Cutout's centre) are not made here."""
     if op.prob < 1.0 and random.random() > op.prob:
-        return arr
+        return None
     magnitude = op.magnitude
     if op.magnitude_std > 0:
         magnitude = random.uniform(0, magnitude) if op.magnitude_std == float("inf") else random.gauss(
             magnitude, op.magnitude_std)
     magnitude = max(0.0, min(magnitude, op.magnitude_max or 10.0))  # timm's _LEVEL_DENOM
-    args = op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()
+    return op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()
+
+
+def apply_op(op, arr: np.ndarray) -> np.ndarray:
+    """One timm ``AugmentOp`` on a uint8 array, consuming Python ``random`` exactly as ``op(img)`` does."""
+    args = op_args(op)
+    if args is None:
+        return arr
     fast = FAST_OPS.get(op.name)
     if fast is not None:
         return fast(arr, *args, **op.kwargs)

@@ -26,7 +26,9 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
     ``input.backend: pil`` (default): torchvision v2 ops on a PIL image. ``fast`` (train only):
     :class:`dpnrepro.data.fast.FastTrainTransform` — same samplers, same RNG draws, same ops, computed
-    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts).
+    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts). ``gpu``:
+    the trainer augments on the device (:func:`train_batches`); a per-image transform is its CPU
+    reference, the ``fast`` one.
     RandAugment's op choice comes from Python's ``random`` in both (timm draws it from NumPy's global
     RNG, which the per-example seeding does not cover).
     """
@@ -43,7 +45,7 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
         erase = [RandomErasing(probability=cfg["random_erasing"], mode="pixel", device="cpu")]
     as_uint8 = uint8 and not erase  # random erasing works on the scaled float tensor
-    if train and cfg.get("backend", "pil") == "fast":
+    if train and cfg.get("backend", "pil") in ("fast", "gpu"):  # gpu: its CPU reference (data/gpu.py)
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
                                   crop_min_area=cfg.get("crop_min_area", 0.05),
@@ -281,6 +283,43 @@ class TransformedSplit(torch.utils.data.Dataset):
         return x, self._target(ex)
 
 
+def train_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None, device):
+    """The trainer's train batches ``(uint8 images, targets)`` for ``input_cfg["backend"]``: ``pil`` and
+    ``fast`` transform on the CPU in loader workers (images on the host); ``gpu`` draws in the workers and
+    decodes and augments on ``device`` (``data/gpu.py``; images on ``device``)."""
+    backend = input_cfg.get("backend", "pil")
+    if backend == "gpu":
+        return _device_batches(ds, input_cfg, sampler, workers, num_classes, device)
+    if backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
+        from dpnrepro.data.fast import undecoded
+
+        ds = undecoded(ds)
+    return train_loader(ds, build_transform(input_cfg, train=True, uint8=True), sampler, workers, num_classes)
+
+
+def _device_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None,
+                    device):
+    """``input.backend: gpu``: workers make :class:`dpnrepro.data.gpu.Plan` s (bytes + draws), the main process
+    decodes and augments them on ``device`` (any device, the CPU included: that is how the tests run it)."""
+    from dpnrepro.data.fast import undecoded
+    from dpnrepro.data.gpu import DeviceAugment, DeviceBatches, PlanTransform, collate_plans
+
+    if not input_cfg.get("inception_crop", True):
+        raise UserError("input.backend gpu implements the inception-crop train pipeline only; "
+                        "with inception_crop: false use input.backend fast")
+    if input_cfg.get("random_erasing", 0) > 0:
+        raise UserError("input.backend gpu has no device random erasing; use input.backend fast for this recipe")
+    size, channels = input_cfg["image_size"], input_cfg["channels"]
+    crop_sampler = input_cfg.get("crop_sampler", "torchvision")
+    plan = PlanTransform(size, channels, flip=input_cfg.get("flip", True), randaug=input_cfg.get("randaug", ""),
+                         crop_min_area=input_cfg.get("crop_min_area", 0.05), crop_sampler=crop_sampler)
+    loader = torch.utils.data.DataLoader(
+        TransformedSplit(undecoded(ds), plan, num_classes), batch_sampler=sampler, num_workers=workers,
+        collate_fn=collate_plans, persistent_workers=False,
+        generator=torch.Generator().manual_seed(sampler.seed))  # keep the global RNG out of the loader
+    return DeviceBatches(loader, DeviceAugment(size, channels, device, crop_sampler))
+
+
 def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0, num_classes: int | None = None):
     """DataLoader over the step-indexed batches of ``sampler`` (``num_classes``: for multi-label splits)."""
     return torch.utils.data.DataLoader(
@@ -301,10 +340,25 @@ def eval_loader(ds, transform, batch_size: int, workers: int = 0):
     )
 
 
-def eval_batches(ds, input_cfg: dict, batch_size: int):
+def eval_shard(n: int, batch_size: int, rank: int, world_size: int) -> range:
+    """The examples rank ``rank`` of ``world_size`` evaluates: a contiguous run of whole batches of one
+    sequential pass (the first ranks take one batch more when they do not divide evenly), so every example
+    sits in the batch it sits in with one process and the ranks' results, in rank order, are that pass's."""
+    batches = -(-n // batch_size)
+    per, extra = divmod(batches, world_size)
+    first = rank * per + min(rank, extra)
+    last = first + per + (rank < extra)
+    return range(min(n, first * batch_size), min(n, last * batch_size))
+
+
+def eval_batches(ds, input_cfg: dict, batch_size: int, rank: int = 0, world_size: int = 1):
     """The evaluation batches ``(images, targets)`` of ``ds`` with the eval preprocessing of ``input_cfg``,
     streamed: each batch is decoded and transformed when it is consumed (``input_cfg["workers"]``, from
     ``runtime.workers``, loader processes decode ahead) and nothing of the split is kept, so host memory
     does not grow with the split. The batches are those of one sequential pass, in order, whatever the
-    number of workers. Evaluators that need the whole split keep only its features or logits."""
+    number of workers. Evaluators that need the whole split keep only its features or logits. Under
+    ``torchrun`` (``world_size`` > 1) only this rank's share of that pass (:func:`eval_shard`)."""
+    if world_size > 1:
+        shard = eval_shard(len(ds), batch_size, rank, world_size)
+        ds = ds.select(shard if len(shard) else [])  # more ranks than batches: nothing ('datasets' refuses range(n, n))
     return eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))

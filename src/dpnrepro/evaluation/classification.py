@@ -11,9 +11,15 @@ from dpnrepro.data.loader import eval_batches
 @torch.no_grad()
 def evaluate_top1(model: torch.nn.Module, ds, input_cfg: dict, *, batch_size: int, device: torch.device,
                   desc: str = "eval", progress: bool = True) -> dict:
-    """Top-1 accuracy (%) and example count of ``model`` on ``ds`` with the eval preprocessing."""
+    """Top-1 accuracy (%) and example count of ``model`` on ``ds`` with the eval preprocessing. Inside a
+    ``torchrun`` session (training/distributed.py) each rank scores its shard of the split and the counts
+    are summed over ranks: every rank returns what one process returns (integers: exactly)."""
+    from dpnrepro.training import distributed
+
+    ctx = distributed.current()
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     model.eval().to(device)
-    loader = eval_batches(ds, input_cfg, batch_size)
+    loader = eval_batches(ds, input_cfg, batch_size, rank, world)
     correct = torch.zeros((), dtype=torch.long, device=device)
     total = 0
     use_bf16 = device.type == "cuda"
@@ -23,6 +29,10 @@ def evaluate_top1(model: torch.nn.Module, ds, input_cfg: dict, *, batch_size: in
             logits = model(images)
         correct += (logits.argmax(-1) == labels).sum()
         total += labels.numel()
+    if world > 1:
+        counts = torch.stack([correct.cpu(), torch.tensor(total)]).to(device)
+        torch.distributed.all_reduce(counts)  # a sum of integers: the same on every rank, in any order
+        correct, total = counts[0], int(counts[1])
     return {"top1": 100.0 * int(correct) / max(total, 1), "examples": total}
 
 

@@ -186,20 +186,30 @@ def extract_features(model: torch.nn.Module, ds, transform_cfg: dict, batch_size
 
     Eval preprocessing of ``transform_cfg`` (the ``input`` params); features are
     ``model.forward_head(model.forward_features(x), pre_logits=True)``, computed in float32 (no
-    autocast: the probe whitens and inverts them, so precision matters more than speed).
+    autocast: the probe whitens and inverts them, so precision matters more than speed). Inside a
+    ``torchrun`` session each rank extracts its shard (whole batches of one sequential pass) and every
+    rank gets all of them in order: on CPU the very bits of one process (tests/test_eval_distributed.py).
     """
     from tqdm.auto import tqdm
 
     from dpnrepro.data.loader import eval_batches
+    from dpnrepro.training import distributed
 
+    ctx = distributed.current()
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     device = torch.device(device)
     model.eval().to(device)
-    loader = eval_batches(ds, transform_cfg, batch_size)
+    loader = eval_batches(ds, transform_cfg, batch_size, rank, world)
     feats, labels = [], []
     for images, y in tqdm(loader, desc=desc, unit="batch", disable=not progress, leave=False):
         f = model.forward_head(model.forward_features(images.to(device, non_blocking=True)), pre_logits=True)
         feats.append(f.float().cpu().numpy())
         labels.append(np.asarray(y, dtype=np.int64))
+    if world > 1:  # every rank's shard, in rank order (gloo and NCCL both carry pickled objects)
+        shards = [None] * world
+        torch.distributed.all_gather_object(shards, (feats, labels))
+        feats = [f for shard_feats, _ in shards for f in shard_feats]
+        labels = [y for _, shard_labels in shards for y in shard_labels]
     if not feats:
         raise DatasetError("cannot extract features from an empty split")
     return np.concatenate(feats), np.concatenate(labels)

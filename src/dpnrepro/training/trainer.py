@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import ModelSpec
 from dpnrepro.config import RuntimeParams
-from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, build_transform, train_loader
+from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, train_batches
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed
 from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
@@ -146,12 +146,8 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         len(train_ds), train_cfg.batch_size, seed=seed, start_step=start, total_steps=train_cfg.steps,
         rank=ctx.rank, world_size=ctx.world_size, repeats=input_cfg.repeated_aug)
     halo = sampler.halo if mixing else 0
-    if input_cfg.backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
-        from dpnrepro.data.fast import undecoded
-
-        train_ds = undecoded(train_ds)
-    loader = train_loader(train_ds, build_transform(input_cfg.model_dump(), train=True, uint8=True), sampler,
-                          runtime.workers, num_classes=spec.num_classes)
+    # uint8 images: on the host (pil, fast: copied below) or already on `device` (gpu: decoded and augmented there)
+    loader = train_batches(train_ds, input_cfg.model_dump(), sampler, runtime.workers, spec.num_classes, device)
     loss_step = LossStep(par.forward, LOSSES[train_cfg.loss], device, compile=runtime.compile,
                          cudagraphs=runtime.cudagraphs)
     params = [p for p in model.parameters() if p.requires_grad]
