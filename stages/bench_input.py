@@ -11,12 +11,23 @@ command-line overrides the results go to other files, never to the stage's outpu
 import argparse
 import os
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpnrepro.benchmarks.stage_cli import add_output_options, add_settings_options, output_paths, settings_of
 from dpnrepro.cli import stage
-from dpnrepro.errors import ParamsError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 
-# The stage's settings: 20 interleaved rounds of 100 images per backend (~25 s on one idle core).
-SETTINGS = {"n": 100, "rounds": 20, "seed": 0, "size": 224}
+
+class Settings(BaseModel):
+    """The stage's settings: 20 interleaved rounds of 100 images per backend (~25 s on one idle core)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int = Field(100, ge=1, description="images per backend per round")
+    rounds: int = Field(20, ge=1, description="interleaved rounds, >= 6 for a 95 % CI")
+    seed: int = Field(0, ge=0, description="per-round order and per-image draws")
+    size: int = Field(224, ge=1, description="output image size")
+
+
 STAGE_OUTS = ("metrics/input_pipeline.json", "reports/input_pipeline.md")
 CLI_OUTS = ("metrics/input_pipeline_cli.json", "reports/input_pipeline_cli.md")
 
@@ -24,29 +35,17 @@ CLI_OUTS = ("metrics/input_pipeline_cli.json", "reports/input_pipeline_cli.md")
 @stage
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, help=f"images per backend per round (default {SETTINGS['n']})")
-    ap.add_argument("--rounds", type=int, help=f"interleaved rounds, >= 6 for a 95 %% CI (default {SETTINGS['rounds']})")
-    ap.add_argument("--seed", type=int, help=f"per-round order and per-image draws (default {SETTINGS['seed']})")
-    ap.add_argument("--size", type=int, help=f"output image size (default {SETTINGS['size']})")
-    ap.add_argument("--out-json", help=f"default: {STAGE_OUTS[0]}, or {CLI_OUTS[0]} with overrides")
-    ap.add_argument("--out-md", help=f"default: {STAGE_OUTS[1]}, or {CLI_OUTS[1]} with overrides")
-    ap.add_argument("--no-progress", action="store_true")
+    add_settings_options(ap, Settings, "bench_input")
+    add_output_options(ap, STAGE_OUTS, CLI_OUTS)
     args = ap.parse_args()
-
-    overrides = {k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}
-    bad = [f"--{k} {v}" for k, v in overrides.items() if v < (0 if k == "seed" else 1)]
-    if bad:
-        raise ParamsError(f"invalid override: {', '.join(bad)} (n, rounds and size must be >= 1, seed >= 0)")
-    defaults = CLI_OUTS if overrides else STAGE_OUTS
-    out_json, out_md = args.out_json or defaults[0], args.out_md or defaults[1]
-    if overrides and {out_json, out_md} & set(STAGE_OUTS):
-        raise ParamsError(f"{', '.join(STAGE_OUTS)} are the `bench_input` stage's outputs and follow this file's "
-                          "settings alone; write results of command-line overrides elsewhere (--out-json/--out-md)")
+    settings, overrides = settings_of(args, Settings(), "bench_input")
+    out_json, out_md = output_paths(args, bool(overrides), "bench_input", STAGE_OUTS, CLI_OUTS,
+                                    "this file's settings")
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # per-core numbers: one thread everywhere
     from dpnrepro.benchmarks.input_pipeline import render_markdown, run_input_benchmark
 
-    res = run_input_benchmark(**{**SETTINGS, **overrides}, progress=not args.no_progress)
+    res = run_input_benchmark(**settings.model_dump(), progress=not args.no_progress)
     write_json_atomic(out_json, res)
     write_text_atomic(out_md, render_markdown(res))
     b, sp = res["backends"], res["speedups"]

@@ -8,13 +8,14 @@ Top-1 sweeps are scored on minival and val (big_vision's classification evaluato
 import argparse
 from pathlib import Path
 
-from dpnrepro.artifacts import describe_recipe, read_config, run_dir, run_name
+from dpnrepro.artifacts import describe_recipe, read_config
 from dpnrepro.cli import stage
-from dpnrepro.config import SWEEPS, get_sweep, load_params, reports, sweep_config
+from dpnrepro.config import SWEEPS, get_sweep, load_params, reports
 from dpnrepro.data.prepare import PREPARED, load_manifest
 from dpnrepro.evaluation.classification import evaluate_run
 from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
 from dpnrepro.io import write_json_atomic
+from dpnrepro.runs import resolve_runs
 
 
 @stage
@@ -36,24 +37,20 @@ def evaluate_sweep(params, name: str) -> None:
     """Score every run of sweep ``name`` → metrics/<name>.json."""
     sweep = get_sweep(params, name)
     runs = {}
-    for arch in sweep.archs:
-        cfg = sweep_config(params, name, arch)
+    resolved = resolve_runs(params, name)
+    for r in resolved:
+        cfg = r.cfg
         input_cfg = {**cfg.input.model_dump(), "workers": cfg.runtime.workers}
-        for variant in list(sweep.variants) or [""]:
-            for stem in sweep.stems:
-                for seed in sweep.seeds:
-                    path = run_dir(name, arch, stem, seed, variant)
-                    kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
-                    if SWEEPS[name].evaluate == "fewshot":
-                        fs = sweep.fewshot
-                        runs[run_name(arch, stem, seed, variant)] = evaluate_fewshot_run(
-                            path, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
-                            train_split=fs.train_split, test_split=fs.test_split, resize=fs.resize,
-                            pool_size=fs.pool_size, **kw)
-                    else:
-                        runs[run_name(arch, stem, seed, variant)] = evaluate_run(path, PREPARED, input_cfg, **kw)
+        kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
+        if SWEEPS[name].evaluate == "fewshot":
+            fs = sweep.fewshot
+            runs[r.run.name] = evaluate_fewshot_run(
+                r.dir, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
+                train_split=fs.train_split, test_split=fs.test_split, resize=fs.resize, pool_size=fs.pool_size, **kw)
+        else:
+            runs[r.run.name] = evaluate_run(r.dir, PREPARED, input_cfg, **kw)
     out = Path("metrics") / f"{name}.json"
-    first = run_dir(name, sweep.archs[0], sweep.stems[0], sweep.seeds[0], next(iter(sweep.variants), ""))
+    first = resolved[0].dir
     splits = load_manifest(PREPARED)["splits"]
     write_json_atomic(out, {
         "profile": params.profile, "dataset": params.data.name, "sweep": name,

@@ -16,7 +16,8 @@ import argparse
 from dpnrepro.cli import stage
 from dpnrepro.config import load_params
 from dpnrepro.errors import ParamsError
-from dpnrepro.training.run import sweep_session, train_run, train_sweep
+from dpnrepro.runs import Run
+from dpnrepro.training.run import train_stage
 
 
 @stage
@@ -32,11 +33,8 @@ def main() -> None:
     one_run = (args.arch, args.stem, args.seed)
     if any(v is None for v in one_run) and not all(v is None for v in one_run):
         raise ParamsError("give all of --arch, --stem and --seed (one run) or none of them (the whole sweep)")
-    with sweep_session(params, args.sweep):  # runtime.devices > 1 outside torchrun: launches, then exits
-        if args.arch is None:
-            train_sweep(params, args.sweep)
-        else:
-            train_run(params, sweep=args.sweep, arch=args.arch, stem=args.stem, seed=args.seed, variant=args.variant)
+    # runtime.devices > 1 outside torchrun: launches the job's processes, then exits
+    train_stage(params, args.sweep, None if args.arch is None else Run(args.arch, args.stem, args.seed, args.variant))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def main() -> None:
     if params.lit is None:
         raise ParamsError("params.yaml has no `lit` section (Table 4); copy it from profiles/")
     with lit_session(params) as ctx:  # runtime.devices > 1 outside torchrun: launches, then exits
-        written = train_lit(params)
+        written = train_lit(params, ctx=ctx)
     if ctx.is_main:
         print(f"trained {len(written)} LiT runs")
 

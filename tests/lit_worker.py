@@ -100,8 +100,8 @@ def run_stage(out: Path, devices: int) -> None:
     corpus, load_tower = fake_stage_inputs()
     data.load_caption_corpus, run.load_tower = (lambda *a, **k: corpus), load_tower
     params = load_params()
-    with run.lit_session(params):
-        run.train_lit(params, progress=False)
+    with run.lit_session(params) as ctx:
+        run.train_lit(params, ctx=ctx, progress=False)
 
 
 @stage

@@ -236,14 +236,15 @@ def test_sweep_variants_are_model_deltas_with_safe_names():
     """Figure 1's sweep trains every arch x stem x seed once per named model variant."""
     from dpnrepro.artifacts import run_dir, run_name
     from dpnrepro.config import sweep_config
-    from dpnrepro.training.run import model_spec, sweep_runs
+    from dpnrepro.runs import sweep_runs
+    from dpnrepro.training.run import model_spec
 
     params = load_params(PARAMS)
     assert SWEEPS["figure1"].variants and not SWEEPS["table6"].variants
     c = sweep_config(params, "figure1", "Mu-7", "post-prepost")
     assert (c.model.placement, c.model.block_norm) == ("post-prepost", "ln")
     assert sweep_config(params, "figure1", "Mu-7", "dtn").model.block_norm == "dtn"
-    assert model_spec(params, "Mu-7", "dpn", "figure1", "dtn").block_norm == "dtn"
+    assert model_spec(sweep_config(params, "figure1", "Mu-7", "dtn"), "Mu-7", "dpn").block_norm == "dtn"
     runs = sweep_runs(params, "figure1")
     sw = params.figure1
     assert len(runs) == len(sw.archs) * len(sw.stems) * len(sw.seeds) * len(sw.variants)

@@ -62,13 +62,13 @@ def test_a_cublas_workspace_config_already_set_is_kept(restore_torch_flags, monk
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
-def test_seed_everything_applies_train_deterministic(restore_torch_flags):
-    from dpnrepro.training.trainer import seed_everything
+def test_the_session_applies_train_deterministic(restore_torch_flags):
+    from dpnrepro.training import distributed
 
-    seed_everything(0, deterministic=True)
-    _assert_deterministic_settings()
-    seed_everything(0, deterministic=False)
-    _assert_fast_settings()
+    with distributed.process_session("cpu", deterministic=True):
+        _assert_deterministic_settings()
+    with distributed.process_session("cpu", deterministic=False):
+        _assert_fast_settings()
 
 
 def test_every_documented_cuda_kernel_says_how_it_is_handled_and_where_that_is_documented():

@@ -486,10 +486,13 @@ def test_result_label_names_the_device_that_computed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "FakeGPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert hardware_label().startswith("FakeGPU x1")
-    with distributed.session("cpu"):
+    with distributed.session("cpu") as ctx:
         assert hardware_label().startswith("CPU ")
         with pytest.raises(UserError, match="one stage process trains on one device type"):
-            with distributed.session("cuda"):
+            with distributed.joined(ctx, "cuda", torch.are_deterministic_algorithms_enabled()):
+                pass
+        with pytest.raises(RuntimeError, match="inside the open session on cpu: pass the open session's context"):
+            with distributed.session("cpu"):  # one entry per process: a second is a bug, never a silent reuse
                 pass
     assert hardware_label().startswith("FakeGPU x1")
 

@@ -161,7 +161,7 @@ def test_curve_plots_name_every_run_the_trainer_writes(profile):
     from dpnrepro.artifacts import run_dir
     from dpnrepro.config import load_params
     from dpnrepro.pipeline import curve_plots
-    from dpnrepro.training.run import sweep_runs
+    from dpnrepro.runs import sweep_runs
 
     params = load_params(REPO / "profiles" / f"{profile}.yaml")
     for entry in curve_plots(params):

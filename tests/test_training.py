@@ -141,3 +141,55 @@ def test_code_fingerprint_covers_exactly_the_train_stages_code_deps(tmp_path):
             f.write("\n# changed\n")
         assert code_fingerprint(root) != before, dep
         before = code_fingerprint(root)
+
+
+@pytest.mark.parametrize("top, recipe", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_recipe_train_device_override_is_the_device_the_runs_train_on(project, monkeypatch, top, recipe):
+    """Issue 23: a run's settings are resolved once and passed down. The `train-<sweep>` stage enters its one
+    session with the sweep's resolved ``train.device`` (here a recipe override of the top level), configures
+    determinism once, resolves the recipe once per (arch, variant), and its runs train on that device. Before,
+    the stage entered the session with the top-level device and the run and the trainer entered it again,
+    reusing the first; determinism was configured 5 times and the recipe resolved 8 times for these 2 runs."""
+    import shutil
+
+    import torch
+
+    from dpnrepro import runs
+    from dpnrepro.config import parse_params
+    from dpnrepro.training import determinism, distributed
+    from dpnrepro.training import run as train
+
+    if recipe == "cuda" and not torch.cuda.is_available():
+        pytest.skip("a recipe's cuda override needs a CUDA device")
+    p = tiny_params(**{"train.steps": 2, "runtime.ckpt_every": 2})
+    p["train"]["device"] = top
+    p["table1"]["recipe"] = {"train": {"device": recipe}}
+    params = parse_params(p)
+    sessions, switches, resolved, weights_on = [], [], [], set()
+    session, configure, sweep_config, write_run = (distributed.session, determinism.configure, runs.sweep_config,
+                                                   train.write_run)
+
+    def recording_session(device_name="auto"):
+        sessions.append(device_name)
+        return session(device_name)
+
+    def recording_write_run(out, model, *args):
+        weights_on.update(w.device.type for w in model.parameters())
+        return write_run(out, model, *args)
+
+    monkeypatch.setattr(distributed, "session", recording_session)
+    monkeypatch.setattr(determinism, "configure", lambda deterministic: switches.append(deterministic) or
+                        configure(deterministic))
+    monkeypatch.setattr(runs, "sweep_config", lambda *a: resolved.append(a[1:]) or sweep_config(*a))
+    monkeypatch.setattr(train, "write_run", recording_write_run)
+    monkeypatch.chdir(project)
+    try:
+        written = train.train_stage(params, "table1", progress=False)
+    finally:
+        for d in ("runs/table1", "checkpoints/table1"):
+            shutil.rmtree(project / d, ignore_errors=True)
+    assert [w.name for w in written] == ["Mu-7_conv_s0", "Mu-7_dpn_s0"]
+    assert sessions == [recipe], "one entry into the session, with the run's own device"
+    assert switches == [True], "determinism configured once, before the process group"
+    assert resolved == [("table1", "Mu-7", "")], "the recipe resolved once, passed down to both runs"
+    assert weights_on == {recipe}

@@ -542,7 +542,7 @@ def test_metrics_stage_checks_its_section_then_rank_0_writes_the_metrics(tmp_pat
     train = SimpleNamespace(device="cpu", deterministic=True)
     calls = []
 
-    def run(params, progress):
+    def run(params, ctx, progress):
         calls.append(progress)
         return {"tasks": {"A": 1.0, "B": 2.0}}
 

@@ -385,18 +385,14 @@ CURVES = {"loss": ("train/loss", "training loss"), "lr": ("train/lr", "learning 
 
 
 def curve_plots(params) -> list[dict]:
-    """``train-<sweep>/<curve>`` plots: one line per run of the sweep (arch × variant × stem × seed, as
-    ``training.run.sweep_runs`` trains them: tests/test_dvc_workflow.py checks they agree), from the dvclive
-    TSV the trainer writes inside ``runs/<sweep>/<run>/`` (DVC expands no globs in top-level plots). Not
-    imported from the trainer: reports_index imports this module and would depend on the training code."""
-    from itertools import product
-
-    from dpnrepro.artifacts import run_name
+    """``train-<sweep>/<curve>`` plots: one line per run of the sweep (``runs.sweep_runs``, the iterator the
+    train and evaluate stages walk), from the dvclive TSV the trainer writes inside ``runs/<sweep>/<run>/``
+    (DVC expands no globs in top-level plots)."""
+    from dpnrepro.runs import sweep_runs
 
     out = []
-    for sweep, sw in ((s, params.sweeps()[s]) for s in SWEEPS if s in params.sweeps()):
-        runs = [run_name(arch, stem, seed, variant)
-                for arch, variant, stem, seed in product(sw.archs, list(sw.variants) or [""], sw.stems, sw.seeds)]
+    for sweep in (s for s in SWEEPS if s in params.sweeps()):
+        runs = [run.name for run in sweep_runs(params, sweep)]
         for curve, (metric, title) in CURVES.items():
             field = metric.rsplit("/", 1)[-1]
             out.append({f"train-{sweep}/{curve}": {

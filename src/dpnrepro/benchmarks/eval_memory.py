@@ -74,12 +74,12 @@ def build_run(out: Path, image_size: int, profile: str = "params.yaml") -> Path:
     import torch
 
     from dpnrepro.artifacts import write_run
-    from dpnrepro.config import get_sweep, load_params
+    from dpnrepro.config import get_sweep, load_params, sweep_config
     from dpnrepro.training.run import model_spec
 
     params = load_params(profile)
     arch = get_sweep(params, "table1").archs[0]
-    spec = replace(model_spec(params, arch, "dpn"), img_size=image_size)
+    spec = replace(model_spec(sweep_config(params, "table1", arch), arch, "dpn"), img_size=image_size)
     torch.manual_seed(0)
     model = spec.build()
     out.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ def measure_trainer_loop(arch: str, stem: str, *, batch_size: int, steps: int, w
                                          "warmup_steps": 1, "device": device, "deterministic": False})
     runtime = RuntimeParams(workers=workers, compile=compile, cudagraphs=cudagraphs, log_every=10**9,
                             ckpt_every=10**9)
-    spec = model_spec(params, arch, stem, sweep)
+    spec = model_spec(cfg, arch, stem)
     ds = photo_split(max(4 * batch_size, 1024), spec.num_classes)
     marks: dict[int, float] = {}
 

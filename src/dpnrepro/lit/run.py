@@ -105,18 +105,18 @@ def _complete(out: Path, fp: str) -> bool:
         return False
 
 
-def train_lit(params, *, progress: bool = True) -> list[Path]:
+def train_lit(params, *, ctx=None, progress: bool = True) -> list[Path]:
     """Train every LiT run of ``params.lit`` into its own ``runs/lit/...`` directory (each written
     atomically by rank 0; a complete one with the same fingerprint is kept, not retrained), resumable
-    from ``checkpoints/lit/...``. Under torchrun every rank trains its shard of each global batch."""
+    from ``checkpoints/lit/...``. Under torchrun every rank trains its shard of each global batch.
+    ``ctx``: the stage's session (:func:`lit_session`); without one, a session of this call's own."""
     from dpnrepro.lit.data import load_caption_corpus
     from dpnrepro.lit.train import embed_images
-    from dpnrepro.training import determinism, distributed
+    from dpnrepro.training import distributed
 
     lp = params.lit
     cfg = lp.train
     pin_lit_threads()
-    determinism.configure(cfg.deterministic)
     distributed.check_layout(cfg.batch_size, params.runtime.model_copy(update={"accum_steps": 1}),
                              distributed.env_world()[1])
     corpus = load_caption_corpus(lp.data.source, split=lp.data.split, image_column=lp.data.image_column,
@@ -128,7 +128,7 @@ def train_lit(params, *, progress: bool = True) -> list[Path]:
     corpus_id = hashlib.sha256(tokens.numpy().tobytes() + getattr(corpus, "_fingerprint", "").encode()).hexdigest()
     images = corpus["image"]
     written = []
-    with distributed.session(cfg.device) as ctx:
+    with distributed.joined(ctx, cfg.device, cfg.deterministic) as ctx:
         for sweep, arch, stem in tower_runs(lp):
             path = run_dir(sweep, arch, stem, lp.towers.seed)
             tower, transform = load_tower(path)

@@ -69,8 +69,8 @@ NONDETERMINISTIC_CUDA_KERNELS: tuple[CudaKernel, ...] = (
         "NCCL all-reduce (DDP) and reduce-scatter (FSDP2) with the NVLS algorithm",
         "gradient reduction with runtime.devices > 1 on NVSwitch machines",
         "torch sets NCCL_ALGO=^NVLS (unless NCCL_ALGO is set) when strict mode is on at process-group "
-        "creation; the train stage runs this switch before it creates the group (training/run.py, "
-        "trainer.train_classifier). Ring/tree reductions are deterministic for a fixed world size "
+        "creation; every session runs this switch before it creates the group "
+        "(training/distributed.process_session). Ring/tree reductions are deterministic for a fixed world size "
         "and topology; other layouts sum in another order",
         "PyTorch source torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp ('disabling NVLS algorithm'); "
         "NVIDIA/nccl#1497",

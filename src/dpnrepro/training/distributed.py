@@ -109,16 +109,15 @@ _ACTIVE: DistContext | None = None
 def session(device_name: str = "auto"):
     """Yield this process's :class:`DistContext`; joins torchrun's process group when WORLD_SIZE > 1.
 
-    Backend ``nccl`` on CUDA, ``gloo`` on CPU; the CUDA device is ``LOCAL_RANK``. Re-entrant: an inner
-    ``session`` reuses the outer one, and only the outermost destroys the group.
+    Backend ``nccl`` on CUDA, ``gloo`` on CPU; the CUDA device is ``LOCAL_RANK``. Entered once per process
+    (:func:`process_session`, through a stage's ``launch.stage_session``); code that runs inside it
+    receives its context, so a second entry is a bug: it raises instead of silently reusing the first
+    (which would train on the first entry's device).
     """
     global _ACTIVE
     if _ACTIVE is not None:
-        if resolve_device(device_name, _ACTIVE.local_rank) != _ACTIVE.device:
-            raise UserError(f"train.device {device_name!r} inside a stage that runs on {_ACTIVE.device}: "
-                            "one stage process trains on one device type; set the same train.device for all its runs")
-        yield _ACTIVE
-        return
+        raise RuntimeError(f"distributed.session({device_name!r}) inside the open session on {_ACTIVE.device}: "
+                           "pass the open session's context down instead")
     rank, world, local_rank = env_world()
     device = resolve_device(device_name, local_rank)
     created = False
@@ -140,6 +139,36 @@ def session(device_name: str = "auto"):
         cli.session_device = None
         if created and dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_session(device: str = "auto", deterministic: bool = True):
+    """The one way into this process's session: the ``train.deterministic`` switch, then the process group
+    (joined under torchrun) on ``device``. Determinism first: strict mode makes torch pick deterministic
+    NCCL reductions (no NVLS) when the group is created (training/determinism.py)."""
+    from dpnrepro.training import determinism
+
+    determinism.configure(deterministic)
+    with session(device) as ctx:
+        yield ctx
+
+
+@contextlib.contextmanager
+def joined(ctx, device: str, deterministic: bool):
+    """``ctx``, the session a stage entered once, checked against a run's own ``train.device`` and
+    ``train.deterministic`` (a run never trains on other settings than those it is fingerprinted with);
+    without one (a test, a benchmark, a study worker) a session of this call's own."""
+    if ctx is None:
+        with process_session(device, deterministic) as ctx:
+            yield ctx
+        return
+    if resolve_device(device, ctx.local_rank) != ctx.device:
+        raise UserError(f"train.device {device!r} inside a stage that runs on {ctx.device}: one stage process "
+                        "trains on one device type; set the same train.device for all its runs")
+    if torch.are_deterministic_algorithms_enabled() != deterministic:
+        raise UserError(f"train.deterministic {deterministic} inside a stage session set up with "
+                        f"{not deterministic}: set the same train.deterministic for all its runs")
+    yield ctx
 
 
 def barrier(ctx: DistContext) -> None:

@@ -138,20 +138,19 @@ def _first_node() -> str:
 def stage_session(runtime, device: str = "auto", deterministic: bool = True, argv: list[str] | None = None):
     """The one process group of a stage process, for all its runs: spreads the stage over
     ``runtime.devices`` processes first (:func:`spread`; the launching process exits there), then yields
-    this process's :class:`~dpnrepro.training.distributed.DistContext`. Runs inside reuse the group."""
-    from dpnrepro.training import determinism, distributed
+    this process's :class:`~dpnrepro.training.distributed.DistContext` (``distributed.process_session``).
+    The stage passes it down: its runs train in it (``distributed.joined``), none opens another."""
+    from dpnrepro.training import distributed
 
     spread(runtime, argv)
-    # Before the process group exists: strict determinism makes torch pick deterministic NCCL reductions.
-    determinism.configure(deterministic)
-    with distributed.session(device) as ctx:
+    with distributed.process_session(device, deterministic) as ctx:
         yield ctx
 
 
 def metrics_stage(params, section: str, table: str, train_of, run, count: str, noun: str) -> None:
     """The body of a self-spreading stage whose runs all live in one process (``vtab``,
     ``sun397_scratch``): checks ``params.<section>`` exists, enters :func:`stage_session` with the
-    train settings ``train_of(params)``, runs ``run(params, progress=...)`` on every rank and has rank 0
+    train settings ``train_of(params)``, runs ``run(params, ctx=..., progress=...)`` on every rank and has rank 0
     alone write ``metrics/<section>.json``, printing how many ``metrics[count]`` ``noun`` it holds."""
     from pathlib import Path
 
@@ -162,7 +161,7 @@ def metrics_stage(params, section: str, table: str, train_of, run, count: str, n
         raise ParamsError(f"params.yaml has no `{section}` section ({table})")
     train = train_of(params)
     with stage_session(params.runtime, train.device, train.deterministic) as ctx:
-        metrics = run(params, progress=ctx.is_main)
+        metrics = run(params, ctx=ctx, progress=ctx.is_main)
         if ctx.is_main:
             out = Path("metrics") / f"{section}.json"
             write_json_atomic(out, metrics)

@@ -31,14 +31,11 @@ class TrainingDiverged(UserError):
     """The loss became NaN/inf; the last good checkpoint is kept."""
 
 
-def seed_everything(seed: int, deterministic: bool = True) -> None:
-    """Seed Python, NumPy and torch; deterministic or fast kernels (training/determinism.py)."""
-    from dpnrepro.training import determinism
-
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (the kernels' determinism is the session's: distributed.process_session)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    determinism.configure(deterministic)
 
 
 def grad_norms_by_layer(model: torch.nn.Module) -> dict[str, float]:
@@ -84,7 +81,7 @@ KILL_AT_STEP_ENV = "DPNREPRO_TEST_KILL_AT_STEP"
 
 def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: int, ckpt_dir: str | Path,
                      runtime: RuntimeParams | None = None, live=None, progress: bool = True,
-                     init=None, on_step=None) -> torch.nn.Module | None:
+                     init=None, on_step=None, ctx: distributed.DistContext | None = None) -> torch.nn.Module | None:
     """Train ``spec`` on ``train_ds`` for ``train_cfg.steps`` steps, resuming from ``ckpt_dir``.
 
     A checkpoint is written every ``runtime.ckpt_every`` steps and at the end; if ``ckpt_dir`` holds one
@@ -99,12 +96,15 @@ def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: i
     (``live``, progress bar) and writes checkpoints (full, unsharded tensors); every rank resumes from
     them. Returns the trained model as a plain module with full weights (under FSDP2: None on ranks
     other than 0).
+
+    ``ctx``: the session the stage entered once (``launch.stage_session``), checked against
+    ``train_cfg.device`` and ``train_cfg.deterministic``; without one, the trainer opens a session of its
+    own for this call (``distributed.process_session``: determinism, then the process group).
     """
     runtime = runtime or RuntimeParams()
     micro = distributed.check_layout(train_cfg.batch_size, runtime, distributed.env_world()[1])
-    # Before the process group exists: its NCCL algorithm choice depends on the determinism switch.
-    seed_everything(seed, train_cfg.deterministic)
-    with distributed.session(train_cfg.device) as ctx:
+    seed_everything(seed)
+    with distributed.joined(ctx, train_cfg.device, train_cfg.deterministic) as ctx:
         return _train(spec, train_ds, input_cfg, train_cfg, runtime, seed=seed, ckpt_dir=ckpt_dir, live=live,
                       progress=progress, init=init, ctx=ctx, micro=micro, on_step=on_step)
 

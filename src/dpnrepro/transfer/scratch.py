@@ -57,8 +57,9 @@ def grids(sp) -> tuple[list[dict], list[dict], dict]:
     return grid, aug, {"steps": sp.longer_steps}
 
 
-def run_scratch(params: Params, *, progress: bool = True) -> dict:
-    """Every arch × stem of ``params.sun397_scratch``; returns the metrics (``metrics/sun397_scratch.json``)."""
+def run_scratch(params: Params, *, ctx=None, progress: bool = True) -> dict:
+    """Every arch × stem of ``params.sun397_scratch``; returns the metrics (``metrics/sun397_scratch.json``).
+    ``ctx``: the stage's session (launch.metrics_stage), in which every fine-tune trains."""
     from dpnrepro.cli import hardware_label
     from dpnrepro.evaluation.classification import evaluate_top1
     from dpnrepro.training.distributed import pick_device
@@ -97,7 +98,7 @@ def run_scratch(params: Params, *, progress: bool = True) -> dict:
                                  pos_drop_rate=dropout, proj_drop_rate=dropout, drop_path_rate=model.stoch_depth,
                                  posemb=model.posemb)
                 trained = train_classifier(spec, splits[split], inp, cfg, seed=seed, runtime=runtime, progress=False,
-                                           ckpt_dir=CKPT_ROOT / f"{arch}_{stem}" / hp_name(hp))
+                                           ckpt_dir=CKPT_ROOT / f"{arch}_{stem}" / hp_name(hp), ctx=ctx)
                 bar.update(1)
                 return trained
 

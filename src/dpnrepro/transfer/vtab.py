@@ -37,8 +37,9 @@ def recipe_line(inp, model, train) -> str:
             f"{', flip' if inp.flip else ''}, head re-initialised (bias {model.head_bias_init:g})")
 
 
-def run_vtab(params: Params, *, progress: bool = True) -> dict:
-    """Every task × arch × stem of ``params.vtab``; returns the metrics (``metrics/vtab.json``)."""
+def run_vtab(params: Params, *, ctx=None, progress: bool = True) -> dict:
+    """Every task × arch × stem of ``params.vtab``; returns the metrics (``metrics/vtab.json``).
+    ``ctx``: the stage's session (launch.metrics_stage), in which every fine-tune trains."""
     from dpnrepro.cli import hardware_label
     from dpnrepro.evaluation.classification import evaluate_top1
     from dpnrepro.training.distributed import pick_device
@@ -85,7 +86,7 @@ def run_vtab(params: Params, *, progress: bool = True) -> dict:
                     _, _, cfg = vtab_config(params, hp["lr"])
                     ckpt = CKPT_ROOT / task_slug(name) / f"{arch}_{stem}" / f"{split}_lr{hp['lr']:g}_s{seed}"
                     trained = train_classifier(spec, splits[split], inp, cfg, seed=seed, ckpt_dir=ckpt,
-                                               runtime=runtime, init=init, progress=False)
+                                               runtime=runtime, init=init, progress=False, ctx=ctx)
                     bar.update(1)
                     return trained
 
