@@ -199,7 +199,7 @@ def test_dvc_repro_spreads_a_sweep_over_runtime_devices(project, tmp_path):
     both runs of the sweep in one process group per process, the lock records the stage command, and
     the weights are bitwise those of 1 process computing the same split (2 micro-batches of 16)."""
     root = copy_project(tmp_path / "proj")
-    params = tiny_params(**{"runtime.devices": 2})  # every section: the fingerprints stage reads them all
+    params = tiny_params(**{"runtime.devices": 2})  # every section: DVC checks each stage's params
     params["table1"] = _params()["table1"]  # the same two runs (dpn, conv) as `project`'s
     write_params(root, params)
     git_init(root)
