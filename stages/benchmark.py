@@ -14,7 +14,8 @@ import argparse
 from pydantic import ValidationError
 
 from dpnrepro.cli import hardware_label, stage
-from dpnrepro.config import load_params
+from dpnrepro.config.benchmarks import BenchmarkParams
+from dpnrepro.config.params import load_params
 from dpnrepro.errors import ParamsError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 
@@ -66,7 +67,7 @@ def main() -> None:
         raise ParamsError(f"{', '.join(STAGE_OUTS)} are the `benchmark` stage's outputs and follow params.yaml alone; "
                           "write results of command-line overrides elsewhere (--out-json/--out-md)")
     try:  # the overrides go through the same schema as params.yaml
-        bench = type(params.benchmark).model_validate({**params.benchmark.model_dump(), **overrides})
+        bench = BenchmarkParams.model_validate({**params.benchmark.model_dump(), **overrides})
     except ValidationError as exc:
         raise ParamsError("invalid command-line override: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None

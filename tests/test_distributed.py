@@ -24,7 +24,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from dpnrepro.config import RuntimeParams
+from dpnrepro.config.runtime import RuntimeParams
 from helpers import FMNIST, REPO, copy_project, git_init, run, stage_env, tiny_params, write_params
 
 TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
@@ -305,7 +305,7 @@ def tiny(tmp_path, monkeypatch):
     import datasets
     import numpy as np
 
-    from dpnrepro.config import InputParams, TrainParams
+    from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.training.trainer import ModelSpec
 
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -13,7 +13,7 @@ import yaml
 
 from dpnrepro import pipeline
 from dpnrepro.codedeps import code_deps, code_files
-from dpnrepro.config import SWEEPS
+from dpnrepro.config.sweeps import SWEEPS
 from helpers import REPO
 
 PAPER_STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -76,6 +76,36 @@ def test_every_module_a_stage_loads_is_among_its_code_deps(script):
     assert [d for d in stage_deps if d.startswith(("src/", "stages/"))] == list(code_deps(script))
 
 
+def _sections_read(path) -> set[str]:
+    """The concern sections of params.yaml (config.params.SECTIONS) a file reads: ``params.<section>``,
+    ``self.params.<section>``, ``load_params().<section>``."""
+    import ast
+
+    from dpnrepro.config.params import SECTIONS
+
+    tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in SECTIONS
+            and "params" in ast.unparse(node.value)}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stage_depends_on_the_config_module_of_every_section_it_reads(script):
+    """load_params validates every section, loading the concern modules by name, so the code that reads a
+    section must import its module for the stage to depend on it (and to rerun when its schema changes)."""
+    from dpnrepro.config.params import SECTIONS
+
+    files = code_files(script)
+    read = {section for f in files for section in _sections_read(f)}
+    assert {f"src/dpnrepro/config/{SECTIONS[s].module}.py" for s in read} <= set(files), read
+
+
+def test_a_lit_config_edit_reruns_the_lit_stages_only():
+    """The point of config by concern: a LiT schema edit reaches no training sweep."""
+    users = {name for name, body in PAPER_STAGES.items()
+             if any(d in ("src/dpnrepro/config/lit.py", "src/dpnrepro/config") for d in body["deps"])}
+    assert users == {"lit_captions", "lit_train", "lit_evaluate", "reports_index"}, users
+
+
 def test_code_deps_follow_imports_inside_functions(tmp_path):
     root = tmp_path
     (root / "src/dpnrepro/sub").mkdir(parents=True)
@@ -100,7 +130,7 @@ def test_no_stage_tracks_execution_settings():
 
 def test_ablation_and_figure_stages():
     """Table 6 and Figure 1 follow their sweeps like the tables; Figures 2-4 read table1's runs."""
-    from dpnrepro.config import reports
+    from dpnrepro.config.sweeps import reports
 
     assert reports()[-2:] == ["table6", "figure1"]
     assert "figure1.variants" in STAGES["train-figure1"]["params"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpnrepro.config import arch_name
+from dpnrepro.config.core import arch_name
 from dpnrepro.models.vision_transformer_dpn import _LN_EPS as LN_EPS  # the DPN stem's LayerNorm eps
 from dpnrepro.models.vision_transformer_dpn import parse_arch
 from dpnrepro.study.config import StudyParams

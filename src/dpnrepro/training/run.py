@@ -6,7 +6,9 @@ import time
 from pathlib import Path
 
 from dpnrepro.artifacts import ModelSpec, checkpoint_dir, run_dir, run_name, write_run
-from dpnrepro.config import SWEEPS, Params, arch_name, get_sweep, sweep_config
+from dpnrepro.config.core import arch_name
+from dpnrepro.config.sweeps import SWEEPS, get_sweep, sweep_config
+from dpnrepro.config.params import Params
 from dpnrepro.data.loader import load_split
 from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
 from dpnrepro.data.prepare import load_manifest, prepared_dir

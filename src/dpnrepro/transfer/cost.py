@@ -10,7 +10,9 @@ setting is in the grid, as the search does.
 from __future__ import annotations
 
 from dpnrepro.benchmarks.flops import vit_forward_flops
-from dpnrepro.config import Params, arch_name, transfer_config, vtab_config
+from dpnrepro.config.core import arch_name
+from dpnrepro.config.params import Params
+from dpnrepro.config.transfer import transfer_config, vtab_config
 
 H100_BF16_PEAK = 989.4e12  # dense bf16 FLOP/s (SXM datasheet; benchmarks/flops.py PEAK_BF16_TFLOPS)
 
