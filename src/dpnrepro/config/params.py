@@ -68,14 +68,15 @@ class _CoreParams(_Section):
         for name, sw in self.sweeps().items():
             definition = SWEEPS[name]
             if (sw.fewshot is not None) != (definition.evaluate == "fewshot"):
-                raise ValueError(f"{name}.fewshot: " + ("required: the sweep is evaluated few-shot (config.sweeps.SWEEPS)"
-                                                        if sw.fewshot is None else "only few-shot sweeps take it"))
+                raise ValueError(f"{name}.fewshot: " + (
+                    "required: the sweep is evaluated few-shot (config.sweeps.SWEEPS)" if sw.fewshot is None
+                    else "only few-shot sweeps take it"))
             if bool(sw.variants) != definition.variants:
                 raise ValueError(f"{name}.variants: " + ("required (config.sweeps.SWEEPS)" if definition.variants
                                                          else "this sweep takes none (config.sweeps.SWEEPS)"))
             if getattr(self, definition.dataset) is None:
-                raise ValueError(f"{name} trains on {definition.dataset} (config.sweeps.SWEEPS) but params.yaml has no "
-                                 f"{definition.dataset} section")
+                raise ValueError(f"{name} trains on {definition.dataset} (config.sweeps.SWEEPS) but params.yaml "
+                                 f"has no {definition.dataset} section")
             if definition.init_from is not None:
                 src = self.sweeps().get(definition.init_from)
                 if src is None:
@@ -127,8 +128,9 @@ def _one_line(exc: ValidationError, path: Path) -> str:
 
 
 def parse_params(raw: dict, path: Path | str = "params.yaml") -> Params:
-    """Validate every section of ``raw`` (the core ones, the sweeps, then each concern's, then the
-    concern's checks against the rest); ParamsError (one line) on the first bad section."""
+    """Validate every section of ``raw``: each concern's by its schema, then the core ones and the sweeps,
+    then each concern's checks against the rest; ParamsError (one line) on the first bad section. Build
+    :class:`Params` only through here: its concern fields (``Any``) take the validated sections."""
     path = Path(path)
     sections = {name: _section(name, raw, path) for name in SECTIONS}
     try:
