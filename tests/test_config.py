@@ -289,3 +289,12 @@ def test_every_profile_defines_the_ablation_sweeps():
     assert (full.figures.figure2_arch, full.figures.figure4_archs, full.figures.figure3_arch) == \
         ("B-16", ["B-32", "S-32", "S-16"], "Ti-16")  # Sec. 8.1, appendix H, Sec. 8.2
     assert full.table6.recipe.overrides == full.table1.recipe.overrides  # the AugReg block's recipe
+
+
+def test_the_schema_has_one_field_per_sweep_definition():
+    """Adding a sweep is one SWEEPS entry plus its params section: Params follows the mapping."""
+    from dpnrepro.config.params import SECTIONS
+
+    fields = list(Params.model_fields)
+    assert [f for f in fields if f in SWEEPS] == list(SWEEPS)
+    assert not set(SWEEPS) & set(SECTIONS)
