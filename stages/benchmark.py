@@ -13,7 +13,8 @@ import argparse
 
 from dpnrepro.benchmarks.stage_cli import add_output_options, add_settings_options, output_paths, settings_of
 from dpnrepro.cli import hardware_label, stage
-from dpnrepro.config import BenchmarkParams, load_params
+from dpnrepro.config.benchmarks import BenchmarkParams
+from dpnrepro.config.params import load_params
 from dpnrepro.io import write_json_atomic, write_text_atomic
 
 STAGE_OUTS = ("metrics/benchmarks.json", "reports/benchmarks.md")

@@ -2,7 +2,7 @@
 (one process per table: the stage pays Python's and DVC's per-stage cost once). ``--sweep`` scores one.
 
 Top-1 sweeps are scored on minival and val (big_vision's classification evaluator); few-shot sweeps
-(the 21k / JFT-style pretraining; ``evaluate`` in config.SWEEPS) by fewshot_lsr on the `data` splits.
+(the 21k / JFT-style pretraining; ``evaluate`` in config.sweeps.SWEEPS) by fewshot_lsr on the `data` splits.
 """
 
 import argparse
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dpnrepro.artifacts import describe_recipe, read_config
 from dpnrepro.cli import stage
-from dpnrepro.config import SWEEPS, get_sweep, load_params, reports
+from dpnrepro.config.params import load_params
+from dpnrepro.config.sweeps import SWEEPS, get_sweep, reports
 from dpnrepro.data.prepare import PREPARED, load_manifest
 from dpnrepro.evaluation.classification import evaluate_run
 from dpnrepro.evaluation.fewshot import evaluate_fewshot_run

@@ -4,7 +4,7 @@ classifier of ``lit.zeroshot.classifiers`` → metrics/lit.json."""
 from pathlib import Path
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 from dpnrepro.errors import ParamsError
 from dpnrepro.io import write_json_atomic
 from dpnrepro.lit.evaluate import evaluate_lit

@@ -6,7 +6,7 @@ null; the stage then writes an empty directory.
 """
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 from dpnrepro.data.sources import export_idx_as_imagefolder
 from dpnrepro.io import atomic_dir
 

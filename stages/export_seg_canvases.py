@@ -5,7 +5,8 @@ Profiles that train on ADE20K itself set ``export_seg_canvases: null``; the stag
 empty directory."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
+from dpnrepro.config.segmentation import SegCanvasParams
 from dpnrepro.data.segmentation import export_canvases
 from dpnrepro.io import atomic_dir
 
@@ -14,7 +15,7 @@ OUT = "data/raw/seg_canvases"
 
 @stage
 def main() -> None:
-    spec = load_params().export_seg_canvases
+    spec: SegCanvasParams | None = load_params().export_seg_canvases
     with atomic_dir(OUT) as tmp:
         if spec is None:
             (tmp / "NONE.txt").write_text("this profile exports no canvases (export_seg_canvases: null)\n")

@@ -3,7 +3,7 @@ per-layer gradient norms from the trainer's dvclive logs (Fig. 2, 4) and DPN's f
 (Fig. 3) → reports/figure{2,3,4}.{md,png}, metrics/figures_summary.json, metrics/figure2_*.csv."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 from dpnrepro.reports.figures import build_figures
 
 

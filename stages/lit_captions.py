@@ -4,7 +4,8 @@ Profiles that point ``lit.data.source`` at a corpus of their own set the section
 then writes an empty directory."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.lit import LitCaptionsParams
+from dpnrepro.config.params import load_params
 from dpnrepro.io import atomic_dir
 
 OUT = "data/raw/lit_captions"
@@ -12,7 +13,7 @@ OUT = "data/raw/lit_captions"
 
 @stage
 def main() -> None:
-    spec = load_params().lit_captions
+    spec: LitCaptionsParams | None = load_params().lit_captions
     with atomic_dir(OUT) as tmp:
         if spec is None:
             (tmp / "NONE.txt").write_text("this profile builds no caption corpus (lit_captions: null)\n")

@@ -2,7 +2,7 @@
 pretraining datasets of the 21k / JFT-style sweeps (if the profile has them) → data/upstream/<section>/."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 from dpnrepro.data.prepare import PREPARED, UPSTREAM, prepare_dataset
 from dpnrepro.io import atomic_dir
 

@@ -13,7 +13,7 @@ import argparse
 import itertools
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 
 
 @stage

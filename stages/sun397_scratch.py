@@ -4,7 +4,8 @@ With ``runtime.devices`` > 1 it spreads itself over that many processes (trainin
 rank trains and evaluates, rank 0 alone writes."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params, transfer_config
+from dpnrepro.config.params import load_params
+from dpnrepro.config.transfer import transfer_config
 from dpnrepro.training.launch import metrics_stage
 from dpnrepro.transfer.scratch import run_scratch
 

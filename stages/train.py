@@ -14,7 +14,7 @@ trains. One process group for the whole sweep; rank 0 writes the outputs.
 import argparse
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 from dpnrepro.errors import ParamsError
 from dpnrepro.runs import Run
 from dpnrepro.training.run import train_stage

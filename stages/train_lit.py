@@ -3,7 +3,7 @@
 ``runtime.devices`` > 1 the command starts torchrun's agent itself (training/launch.py); rank 0 writes."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
 from dpnrepro.errors import ParamsError
 from dpnrepro.lit.run import lit_session, train_lit
 

@@ -5,14 +5,15 @@ The smoke profile points its VTAB tasks and Sun397 at them; mini/full list none 
 from pathlib import Path
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params
+from dpnrepro.config.params import load_params
+from dpnrepro.config.transfer import TransferDataParams
 from dpnrepro.io import atomic_dir
 from dpnrepro.transfer.smoke_data import build_source
 
 
 @stage
 def main() -> None:
-    td = load_params().transfer_data
+    td: TransferDataParams = load_params().transfer_data
     with atomic_dir(Path(td.out)) as tmp:
         for name, src in td.sources.items():
             ds = build_source(src.kind, src.counts, src.seed, td.fashion_mnist)

@@ -4,7 +4,8 @@
 trains and evaluates, rank 0 alone writes."""
 
 from dpnrepro.cli import stage
-from dpnrepro.config import load_params, vtab_config
+from dpnrepro.config.params import load_params
+from dpnrepro.config.transfer import vtab_config
 from dpnrepro.training.launch import metrics_stage
 from dpnrepro.transfer.vtab import run_vtab
 

@@ -116,7 +116,7 @@ def make_image_folder(root: Path, classes=("a", "b"), per_class: int = 6, corrup
 
 def data_cfg(source: Path, **over) -> dict:
     """A validated ``data`` section as the dict prepare_dataset receives (schema-checked)."""
-    from dpnrepro.config import DataParams
+    from dpnrepro.config.core import DataParams
 
     base = dict(name="tiny", format="idx", source=str(source), train_split="train", eval_split="test",
                 minival_fraction=0.1, train_examples=0, minival_examples=0, val_examples=0,

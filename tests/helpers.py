@@ -47,9 +47,9 @@ def tiny_params(**overrides) -> dict:
 
 
 def shrink_sweeps(params: dict, steps: int = 4, keep: tuple[str, ...] = ("table1",)) -> dict:
-    """Every training sweep (config.SWEEPS) but ``keep``: Mu/7, seed 0, ``steps`` steps (the pipeline's
+    """Every training sweep (config.sweeps.SWEEPS) but ``keep``: Mu/7, seed 0, ``steps`` steps (the pipeline's
     shape, in seconds)."""
-    from dpnrepro.config import SWEEPS
+    from dpnrepro.config.sweeps import SWEEPS
 
     for sweep, body in params.items():
         if sweep in SWEEPS and sweep not in keep and isinstance(body, dict):

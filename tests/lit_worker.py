@@ -43,7 +43,7 @@ def tiny_problem(pairs: int = 64):
 
 
 def train_cfg(steps: int, batch: int = 32):
-    from dpnrepro.config import LitTrainParams
+    from dpnrepro.config.lit import LitTrainParams
 
     return LitTrainParams(lr=3e-3, weight_decay=0.01, batch_size=batch, steps=steps, warmup_steps=2,
                           grad_clip=1.0, device="cpu")
@@ -91,7 +91,7 @@ def run_stage(out: Path, devices: int) -> None:
 
     import yaml
 
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from dpnrepro.lit import data, run
 
     os.chdir(out)
@@ -108,7 +108,7 @@ def run_stage(out: Path, devices: int) -> None:
 def main() -> None:
     from safetensors.torch import save_file
 
-    from dpnrepro.config import RuntimeParams
+    from dpnrepro.config.runtime import RuntimeParams
     from dpnrepro.lit.run import text_state
     from dpnrepro.lit.train import _sync_gradients, lit_loss, text_step, train_text_tower
     from dpnrepro.training import launch

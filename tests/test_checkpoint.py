@@ -272,7 +272,8 @@ def _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop: float) -> 
 
 def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool:
     from conftest import data_cfg
-    from dpnrepro.config import InputParams, RuntimeParams, TrainParams
+    from dpnrepro.config.core import InputParams, TrainParams
+    from dpnrepro.config.runtime import RuntimeParams
     from dpnrepro.data.loader import load_split
     from dpnrepro.data.prepare import prepare_dataset
     from dpnrepro.training import trainer

@@ -8,7 +8,9 @@ import pytest
 import yaml
 
 from conftest import REPO
-from dpnrepro.config import SWEEPS, Params, arch_name, load_params, parse_params
+from dpnrepro.config.core import arch_name
+from dpnrepro.config.sweeps import SWEEPS
+from dpnrepro.config.params import Params, load_params, parse_params
 from dpnrepro.errors import ParamsError, UserError
 
 PARAMS = REPO / "params.yaml"
@@ -106,7 +108,7 @@ def test_execution_settings_live_in_runtime_not_train(tmp_path):
     assert "train.eval_batch_size: unknown key" in _error(tmp_path, raw)
     raw = _raw()
     raw["splus"]["runtime"] = {"log_every": 3}
-    from dpnrepro.config import sweep_config
+    from dpnrepro.config.sweeps import sweep_config
 
     params = parse_params(raw)
     assert sweep_config(params, "splus", "Mu-7").runtime.log_every == 3
@@ -178,7 +180,7 @@ def test_stage_with_malformed_params_exits_2_and_writes_nothing(tmp_path):
 
 
 def test_sweep_recipes_merge_validate_and_check_init_from():
-    from dpnrepro.config import sweep_config
+    from dpnrepro.config.sweeps import sweep_config
 
     raw = _raw()
     raw["deit"] = {"archs": ["Mu-7"], "stems": ["conv"], "seeds": [0],
@@ -194,7 +196,7 @@ def test_sweep_recipes_merge_validate_and_check_init_from():
     bad["deit"]["recipe"] = {"train": {"lr": -1.0}}
     with pytest.raises(ParamsError, match="greater than 0"):
         parse_params(bad)
-    bad["deit"]["recipe"] = {"init_from": "table1"}  # the dataset and init_from are config.SWEEPS's
+    bad["deit"]["recipe"] = {"init_from": "table1"}  # the dataset and init_from are config.sweeps.SWEEPS's
     with pytest.raises(ParamsError, match="deit.recipe.init_from: unknown key"):
         parse_params(bad)
     bad = _raw()
@@ -235,7 +237,7 @@ def test_multi_label_data_is_validated():
 def test_sweep_variants_are_model_deltas_with_safe_names():
     """Figure 1's sweep trains every arch x stem x seed once per named model variant."""
     from dpnrepro.artifacts import run_dir, run_name
-    from dpnrepro.config import sweep_config
+    from dpnrepro.config.sweeps import sweep_config
     from dpnrepro.runs import sweep_runs
     from dpnrepro.training.run import model_spec
 
@@ -288,3 +290,12 @@ def test_every_profile_defines_the_ablation_sweeps():
     assert (full.figures.figure2_arch, full.figures.figure4_archs, full.figures.figure3_arch) == \
         ("B-16", ["B-32", "S-32", "S-16"], "Ti-16")  # Sec. 8.1, appendix H, Sec. 8.2
     assert full.table6.recipe.overrides == full.table1.recipe.overrides  # the AugReg block's recipe
+
+
+def test_the_schema_has_one_field_per_sweep_definition():
+    """Adding a sweep is one SWEEPS entry plus its params section: Params follows the mapping."""
+    from dpnrepro.config.params import SECTIONS
+
+    fields = list(Params.model_fields)
+    assert [f for f in fields if f in SWEEPS] == list(SWEEPS)
+    assert not set(SWEEPS) & set(SECTIONS)

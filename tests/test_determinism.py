@@ -85,7 +85,7 @@ def test_deterministic_cuda_trainings_are_bit_identical(stem, tmp_path, restore_
     import datasets
     import numpy as np
 
-    from dpnrepro.config import InputParams, TrainParams
+    from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.training.trainer import ModelSpec, train_classifier
 
     rng = np.random.default_rng(0)
@@ -109,7 +109,7 @@ def test_deterministic_cuda_trainings_are_bit_identical(stem, tmp_path, restore_
 def test_switch_is_set_before_the_process_group_is_created(monkeypatch, restore_torch_flags, tmp_path):
     """torch keeps NCCL off its non-deterministic NVLS reductions only if strict mode is already on when the
     process group is created, so the trainer must configure determinism before `distributed.session`."""
-    from dpnrepro.config import TrainParams
+    from dpnrepro.config.core import TrainParams
     from dpnrepro.training import distributed, trainer
 
     class GroupCreated(Exception):

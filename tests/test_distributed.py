@@ -24,7 +24,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from dpnrepro.config import RuntimeParams
+from dpnrepro.config.runtime import RuntimeParams
 from helpers import FMNIST, REPO, copy_project, git_init, run, stage_env, tiny_params, write_params
 
 TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
@@ -199,7 +199,7 @@ def test_dvc_repro_spreads_a_sweep_over_runtime_devices(project, tmp_path):
     both runs of the sweep in one process group per process, the lock records the stage command, and
     the weights are bitwise those of 1 process computing the same split (2 micro-batches of 16)."""
     root = copy_project(tmp_path / "proj")
-    params = tiny_params(**{"runtime.devices": 2})  # every section: the fingerprints stage reads them all
+    params = tiny_params(**{"runtime.devices": 2})  # every section: DVC checks each stage's params
     params["table1"] = _params()["table1"]  # the same two runs (dpn, conv) as `project`'s
     write_params(root, params)
     git_init(root)
@@ -305,7 +305,7 @@ def tiny(tmp_path, monkeypatch):
     import datasets
     import numpy as np
 
-    from dpnrepro.config import InputParams, TrainParams
+    from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.training.trainer import ModelSpec
 
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -159,7 +159,7 @@ def test_plot_definitions_render_without_error(tmp_path):
 @pytest.mark.parametrize("profile", ["smoke", "mini", "full"])
 def test_curve_plots_name_every_run_the_trainer_writes(profile):
     from dpnrepro.artifacts import run_dir
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from dpnrepro.pipeline import curve_plots
     from dpnrepro.runs import sweep_runs
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from dpnrepro.config import RuntimeParams
+from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.errors import UserError
 from dpnrepro.training import trainer as trainer_mod
 from dpnrepro.artifacts import ModelSpec
@@ -33,7 +33,7 @@ def tiny_train(tmp_path):
         {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
         features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
     )
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from helpers import REPO
 
     params = load_params(REPO / "params.yaml")

@@ -247,7 +247,8 @@ def test_train_batches_gpu_and_fast_agree(photos):
 
 
 def test_trainer_runs_the_gpu_backend_on_cpu_the_same_with_workers(tmp_path):
-    from dpnrepro.config import InputParams, RuntimeParams, TrainParams
+    from dpnrepro.config.core import InputParams, TrainParams
+    from dpnrepro.config.runtime import RuntimeParams
     from dpnrepro.training.trainer import ModelSpec, train_classifier
 
     det = torch.are_deterministic_algorithms_enabled()

@@ -42,3 +42,8 @@ def test_the_graph_follows_imports_in_functions_and_relative_ones_but_not_parent
     (pkg / "top.py").write_text("from dpnrepro.sub.low import f\n\ndef g():\n    return f\n")
     circle = _circle(import_graph(tmp_path))
     assert circle is not None and set(circle) == {"dpnrepro.top", "dpnrepro.sub.low"}
+    # an import under `if TYPE_CHECKING:` names a type for annotations and never runs: no edge, no circle
+    (pkg / "sub" / "low.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                        "    from dpnrepro.top import g\n")
+    assert _circle(import_graph(tmp_path)) is None
+    assert import_graph(tmp_path)["dpnrepro.sub.low"] == set()

@@ -189,7 +189,7 @@ BIG_VISION_LIT = {"context_length": 16, "temperature_init": 10.0, "optimizer": "
 
 
 def test_full_recipe_is_the_papers_and_big_visions():
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
 
     lit = load_params(REPO / "profiles" / "full.yaml").lit
     paper = re.sub(r"\s+", " ", next((REPO.parent / "shared" / "seeds").glob("000_*.txt")).read_text()) \

@@ -139,7 +139,7 @@ def test_killed_two_process_run_resumes_bit_identically(jobs, tmp_path):
 def lit_project(tmp_path, monkeypatch):
     """A scratch directory whose params train 2 LiT runs on one tower (6 steps, batch 16), with the
     tower and the caption corpus replaced by tiny in-memory ones; returns a function that runs train_lit."""
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from dpnrepro.lit import data, run
 
     p = stage_params()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpnrepro.config import TrainParams
+from dpnrepro.config.core import TrainParams
 from dpnrepro.models import build_vit
 from dpnrepro.training.losses import mixup, one_hot_targets, sigmoid_xent, softmax_xent, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler, decay_mask, schedule_multiplier

@@ -256,7 +256,8 @@ def test_api_errors_and_root_override(tmp_path, monkeypatch):
 
 def test_recipe_text_names_the_pretraining_data_of_upstream_sweeps():
     from dpnrepro.artifacts import describe_recipe
-    from dpnrepro.config import SWEEPS, load_params, sweep_config
+    from dpnrepro.config.sweeps import SWEEPS, sweep_config
+    from dpnrepro.config.params import load_params
 
     params = load_params(REPO_ROOT / "params.yaml")
 

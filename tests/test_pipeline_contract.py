@@ -1,5 +1,6 @@
-"""dvc.yaml as the exact contract: generated from one definition of the sweeps, every stage depending on
-exactly the code it imports and on no execution setting (through its fingerprint, fingerprints/<stage>.json)."""
+"""dvc.yaml as the exact contract: generated from one definition of the sweeps, every stage listing exactly
+the code it imports and the params it reads, and no execution setting; `dvc status` names exactly the
+stages an edit reaches."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import yaml
 
 from dpnrepro import pipeline
 from dpnrepro.codedeps import code_deps, code_files
-from dpnrepro.config import SWEEPS
+from dpnrepro.config.sweeps import SWEEPS
 from helpers import REPO
 
 PAPER_STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 BENCHMARK_STAGES = yaml.safe_load((REPO / "benchmarks/dvc.yaml").read_text())["stages"]
 STAGES = {**PAPER_STAGES, **BENCHMARK_STAGES}
-# what each stage depends on (its code deps and params reach DVC through its fingerprint)
-EXACT = {**pipeline.exact_stages(), **BENCHMARK_STAGES}
 
 
 def _scripts(body: dict) -> list[str]:
@@ -73,12 +72,38 @@ def test_every_module_a_stage_loads_is_among_its_code_deps(script):
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     loaded = {str(__import__("pathlib").Path(f).relative_to(REPO)) for f in json.loads(out.stdout.splitlines()[-1])}
     assert loaded <= set(code_files(script)), sorted(loaded - set(code_files(script)))
-    if script == "stages/fingerprints.py":  # reads every stage's code: depends on all of it
-        assert PAPER_STAGES[pipeline.FINGERPRINT_STAGE]["deps"] == list(pipeline.CODE_ROOTS)
-        assert all(f.startswith(tuple(r + "/" for r in pipeline.CODE_ROOTS)) for f in code_files(script))
-        return
-    stage_deps = next(body["deps"] for body in EXACT.values() if script in _scripts(body))
+    stage_deps = next(body["deps"] for body in STAGES.values() if script in _scripts(body))
     assert [d for d in stage_deps if d.startswith(("src/", "stages/"))] == list(code_deps(script))
+
+
+def _sections_read(path) -> set[str]:
+    """The concern sections of params.yaml (config.params.SECTIONS) a file reads: ``params.<section>``,
+    ``self.params.<section>``, ``load_params().<section>``."""
+    import ast
+
+    from dpnrepro.config.params import SECTIONS
+
+    tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in SECTIONS
+            and "params" in ast.unparse(node.value)}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stage_depends_on_the_config_module_of_every_section_it_reads(script):
+    """load_params validates every section, loading the concern modules by name, so the code that reads a
+    section must import its module for the stage to depend on it (and to rerun when its schema changes)."""
+    from dpnrepro.config.params import SECTIONS
+
+    files = code_files(script)
+    read = {section for f in files for section in _sections_read(f)}
+    assert {f"src/dpnrepro/config/{SECTIONS[s].module}.py" for s in read} <= set(files), read
+
+
+def test_a_lit_config_edit_reruns_the_lit_stages_only():
+    """The point of config by concern: a LiT schema edit reaches no training sweep."""
+    users = {name for name, body in PAPER_STAGES.items()
+             if any(d in ("src/dpnrepro/config/lit.py", "src/dpnrepro/config") for d in body["deps"])}
+    assert users == {"lit_captions", "lit_train", "lit_evaluate", "reports_index"}, users
 
 
 def test_code_deps_follow_imports_inside_functions(tmp_path):
@@ -97,7 +122,7 @@ def test_code_deps_follow_imports_inside_functions(tmp_path):
 
 
 def test_no_stage_tracks_execution_settings():
-    for name, body in {**STAGES, **EXACT}.items():
+    for name, body in STAGES.items():
         for param in body.get("params", []):
             assert param != "runtime" and not param.endswith(".runtime"), (name, param)
             assert param.split(".")[-1] not in {"eval_batch_size", "log_every", "ckpt_every", "workers", "devices"}
@@ -105,11 +130,11 @@ def test_no_stage_tracks_execution_settings():
 
 def test_ablation_and_figure_stages():
     """Table 6 and Figure 1 follow their sweeps like the tables; Figures 2-4 read table1's runs."""
-    from dpnrepro.config import reports
+    from dpnrepro.config.sweeps import reports
 
     assert reports()[-2:] == ["table6", "figure1"]
-    assert "figure1.variants" in EXACT["train-figure1"]["params"]
-    assert "figure1.variants" in EXACT["evaluate-figure1"]["params"]
+    assert "figure1.variants" in STAGES["train-figure1"]["params"]
+    assert "figure1.variants" in STAGES["evaluate-figure1"]["params"]
     assert STAGES["evaluate-figure1"]["cmd"] == "python stages/evaluate.py --report figure1"
     for report in ("table6", "figure1"):
         assert STAGES[report]["cmd"] == f"python stages/ablations.py --report {report}"
@@ -118,99 +143,65 @@ def test_ablation_and_figure_stages():
                                                                    f"metrics/{report}_summary.json"]
     assert ("reports/paper" in STAGES["table6"]["deps"]) and ("reports/paper" not in STAGES["figure1"]["deps"])
     figs = STAGES["figures"]
-    assert "runs/table1" in figs["deps"] and EXACT["figures"]["params"] == ["figures"]
+    assert "runs/table1" in figs["deps"] and STAGES["figures"]["params"] == ["figures"]
     assert {f"reports/figure{n}.png" for n in (2, 3, 4)} <= {next(iter(o)) for o in figs["outs"]}
 
 
-def test_each_stage_depends_on_its_fingerprint_and_its_data():
-    """dvc.yaml = exact_stages with each stage's code deps and params replaced by its fingerprint, written by
-    the first stage, which reads every code file and exactly the union of the stages' params."""
-    exact = pipeline.exact_stages()
-    first, *rest = PAPER_STAGES
-    assert first == pipeline.FINGERPRINT_STAGE and rest == list(exact)
-    for name, body in exact.items():
-        ours = PAPER_STAGES[name]
-        assert ours["deps"] == [f"fingerprints/{name}.json",
-                                *(d for d in body["deps"] if not d.startswith(("src/", "stages/")))], name
-        assert "params" not in ours, name
-        assert {k: v for k, v in ours.items() if k != "deps"} == {k: v for k, v in body.items()
-                                                                  if k not in ("deps", "params")}, name
-    fp = PAPER_STAGES[pipeline.FINGERPRINT_STAGE]
-    assert fp["params"] == list(dict.fromkeys(k for body in exact.values() for k in body.get("params", [])))
-    assert fp["outs"] == [{f"fingerprints/{name}.json": {"cache": False}} for name in exact]
-
-
-def _project(tmp_path):
-    import shutil
-
-    for part in pipeline.CODE_ROOTS:
-        shutil.copytree(REPO / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    return tmp_path
-
-
-def test_a_fingerprint_holds_exactly_the_stage_code_files_and_params(tmp_path):
-    import hashlib
-
-    root = _project(tmp_path)
-    (root / "src/dpnrepro/__pycache__").mkdir(exist_ok=True)
-    (root / "src/dpnrepro/__pycache__/x.pyc").write_bytes(b"not code")  # .dvcignore hides these from DVC
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    prints = {path: json.loads(text) for path, text in pipeline.fingerprints(root).items()}
-    assert list(prints) == [f"fingerprints/{name}.json" for name in pipeline.exact_stages()]
-    for name, body in pipeline.exact_stages().items():
-        fp = prints[f"fingerprints/{name}.json"]
+def test_each_stage_lists_its_code_params_and_data():
+    """dvc.yaml is pipeline.stages() as is: no generated input between an edit and the stages it reaches."""
+    assert PAPER_STAGES == pipeline.stages()
+    for name, body in PAPER_STAGES.items():
         scripts = _scripts(body)
-        assert sorted(fp["code"]) == sorted({f for s in scripts for f in code_files(s)}), name
-        for rel, md5 in fp["code"].items():
-            assert md5 == hashlib.md5((root / rel).read_bytes()).hexdigest()
-        assert list(fp["params"]) == body.get("params", []), name
-        for key, value in fp["params"].items():
-            section, *rest = key.split(".")
-            expected = params[section]
-            for part in rest:
-                expected = expected[part]
-            assert value == expected, (name, key)
+        code = [d for d in body["deps"] if d.startswith(("src/", "stages/"))]
+        assert code == sorted({d for s in scripts for d in code_deps(s)}), name
 
 
-def test_a_fingerprint_changes_exactly_when_the_stage_code_or_params_change(tmp_path):
-    """Editing a file changes the fingerprints of the stages importing it and no other; editing an
-    execution setting changes none; editing a tracked param changes those of the stages reading it."""
-    root = _project(tmp_path)
-    exact = pipeline.exact_stages()
-    before = pipeline.fingerprints(root)
+def _stub_data(root, stages: dict) -> None:
+    """A stand-in for every output of ``stages`` and every data dep missing from ``root`` (a file where the
+    path has a suffix, else a directory)."""
+    for body in stages.values():
+        outs = [o if isinstance(o, str) else next(iter(o)) for o in [*body.get("outs", []), *body.get("metrics", [])]]
+        for rel in [*outs, *(d for d in body["deps"] if not (root / d).exists())]:
+            path = root / rel
+            if path.suffix:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("stub\n")
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                (path / "stub").write_text("stub\n")
 
-    def changed():
-        now = pipeline.fingerprints(root)
-        return {path.removeprefix("fingerprints/").removesuffix(".json") for path in now if now[path] != before[path]}
 
-    edited = "src/dpnrepro/reports/tables.py"
+def _covers(dep: str, path: str) -> bool:
+    """A dep (a file, a directory, a params key or section) covers ``path`` (a file or a dotted key)."""
+    return path == dep or path.startswith(dep + ("/" if "/" in path else "."))
+
+
+def test_dvc_status_names_exactly_the_stages_an_edit_reaches(tmp_path):
+    """In a scratch copy with an up-to-date lock (`dvc commit -f` over stand-in data: nothing runs),
+    `dvc status` names exactly the stages whose params or code the edit touches, as the generator lists
+    them, with no manual step: a tracked param (vtab.lrs), a module only the LiT stages import, and an
+    execution setting (runtime), which reaches none."""
+    from helpers import copy_project, git_init, run
+
+    root = copy_project(tmp_path / "proj")
+    stages = pipeline.stages()
+    _stub_data(root, stages)
+    git_init(root)
+    run(["dvc", "commit", "-f", "dvc.yaml"], root)
+
+    def changed() -> set[str]:
+        return set(json.loads(run(["dvc", "status", "--json", "dvc.yaml"], root).stdout))
+
+    assert changed() == set()
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["vtab"]["lrs"] = [*params["vtab"]["lrs"], 0.1]
+    params["runtime"]["eval_batch_size"] = 7
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    edited = "src/dpnrepro/lit/towers.py"
     with open(root / edited, "a") as f:
         f.write("# an edit\n")
-    importers = {name for name, body in exact.items() if any(edited in code_files(s) for s in _scripts(body))}
-    assert importers and "train-table1" not in importers and changed() == importers
-    (root / edited).write_bytes((REPO / edited).read_bytes())
-    assert changed() == set()
-
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["runtime"]["eval_batch_size"] = 7
-    params["splus"]["runtime"] = {"log_every": 2}
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert changed() == set()
-    params["train"]["lr"] = params["train"]["lr"] * 2
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert changed() == {name for name, body in exact.items() if "train" in body.get("params", [])}
-
-
-def test_the_fingerprints_stage_writes_into_the_workspace_it_runs_in(tmp_path, monkeypatch):
-    """DVC runs the stage in the workspace whose files it hashes (a scratch copy in the end-to-end tests),
-    which need not be the checkout dpnrepro is imported from."""
-    root = _project(tmp_path)
-    monkeypatch.chdir(root)
-    (root / "fingerprints").mkdir()
-    (root / "fingerprints/a_removed_stage.json").write_text("{}\n")
-    pipeline.write_fingerprints()
-    assert sorted(p.name for p in (root / "fingerprints").iterdir()) == sorted(
-        f"{name}.json" for name in pipeline.exact_stages())
-    assert {f"fingerprints/{p.name}": p.read_text() for p in (root / "fingerprints").iterdir()} == \
-        pipeline.fingerprints(root)
+    expected = {name for name, body in stages.items()
+                if any(_covers(d, edited) for d in body["deps"])
+                or any(_covers(p, "vtab.lrs") for p in body.get("params", []))}
+    assert expected == {"vtab", "lit_train", "lit_evaluate"}  # what a reader of the code expects
+    assert changed() == expected

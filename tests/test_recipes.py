@@ -7,7 +7,8 @@ import re
 import pytest
 import yaml
 
-from dpnrepro.config import SWEEPS, load_params, sweep_config
+from dpnrepro.config.sweeps import SWEEPS, sweep_config
+from dpnrepro.config.params import load_params
 from helpers import REPO
 
 SEEDS = REPO.parent / "shared" / "seeds"
@@ -153,7 +154,7 @@ def test_finetune_resolutions_match_appendix_d(appendix_d, full):
     for sweep in ("jft_220k_ft224", "jft_1100k_ft224"):  # the 224 fine-tune uses appendix C's eval crop
         c = sweep_config(full, sweep, getattr(full, sweep).archs[0])
         assert (c.input.image_size, c.input.eval_resize) == (224, 256), sweep
-    from dpnrepro.config import SWEEPS
+    from dpnrepro.config.sweeps import SWEEPS
 
     assert SWEEPS["ft384"].init_from == "table1"
     assert {SWEEPS["jft_220k_ft224"].init_from, SWEEPS["jft_220k_ft384"].init_from} == {"jft_220k"}
@@ -252,7 +253,7 @@ def test_splus_and_i21k_follow_the_shared_appendix_c_values(full):
 
 
 def test_every_profile_defines_every_sweep_dvc_yaml_uses():
-    from dpnrepro.config import SWEEPS
+    from dpnrepro.config.sweeps import SWEEPS
 
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name in ("smoke", "mini", "full"):
@@ -265,7 +266,7 @@ def test_every_profile_defines_every_sweep_dvc_yaml_uses():
 def test_crop_sampler_matches_each_recipe_source(appendix_c, appendix_d, full):
     """big_vision's ``decode_jpeg_and_inception_crop`` (TF sampler, default area 5-100 %) in every AugReg-style
     sweep; DeiT is built on timm, whose ``RandomResizedCrop`` samples like torchvision's."""
-    from dpnrepro.config import SWEEPS
+    from dpnrepro.config.sweeps import SWEEPS
 
     assert "decode_jpeg_and_inception_crop(224)" in appendix_c
     assert "decode_jpeg_and_inception_crop(384)" in appendix_d
@@ -310,7 +311,7 @@ def appendix_f() -> str:
     ],
 )
 def test_full_vtab_recipe_matches_appendix_e(appendix_e, full, printed, getter):
-    from dpnrepro.config import vtab_config
+    from dpnrepro.config.transfer import vtab_config
 
     assert printed in appendix_e, f"{printed!r} not in appendix E: the test's transcription is wrong"
     for lr in full.vtab.lrs:

@@ -330,7 +330,7 @@ def test_table7_rows_from_the_search(tmp_path):
 
 
 def test_full_profile_cost_counts_every_run_of_both_tables():
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from dpnrepro.cost.transfer import scratch_cost, vtab_cost
     from helpers import REPO
 
@@ -385,7 +385,8 @@ def test_vtab_transform_keeps_the_full_width_of_a_kitti_frame(profile, mode):
     # [size, size]; resize_small | central_crop would keep only the central 30 % of a KITTI frame's width.
     from PIL import Image
 
-    from dpnrepro.config import load_params, vtab_config
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.transfer import vtab_config
     from dpnrepro.data.loader import build_transform
     from helpers import REPO
 
@@ -405,7 +406,7 @@ def test_vtab_transform_keeps_the_full_width_of_a_kitti_frame(profile, mode):
 
 def test_imagenet_eval_stays_resize_small_and_central_crop():
     # Table 1's evaluation is big_vision's ImageNet one: resize_small(256) | central_crop(224)
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from dpnrepro.data.loader import build_transform
     from helpers import REPO
 
@@ -418,7 +419,7 @@ def test_imagenet_eval_stays_resize_small_and_central_crop():
 def test_squash_with_an_eval_resize_other_than_the_image_size_is_an_error():
     from pydantic import ValidationError
 
-    from dpnrepro.config import InputParams
+    from dpnrepro.config.core import InputParams
 
     with pytest.raises(ValidationError, match="squash"):
         InputParams(image_size=224, eval_resize=256, squash=True)
@@ -439,7 +440,8 @@ def _dsprites_source(n=2000, value=1):
 @pytest.mark.parametrize("task", ["dSpr-Loc", "dSpr-Ori"])
 def test_dsprites_0_1_pixels_reach_the_model_at_0_255_in_3_channels(task):
     # task_adaptation's dsprites: tf.tile(image, [1, 1, 3]) * 255
-    from dpnrepro.config import load_params, vtab_config
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.transfer import vtab_config
     from dpnrepro.data.loader import build_transform
     from dpnrepro.transfer.sources import DecodedSplit, vtab_splits
     from helpers import REPO
@@ -465,7 +467,7 @@ def test_dsprites_stand_in_already_at_0_255_is_only_tiled():
 def test_table7_step_1_trains_without_randaugment_and_mixup(profile, monkeypatch):
     # Appendix F: lr x wd x dropout first, without augmentation; then mixup x RandAugment with the winner
     import dpnrepro.transfer.scratch as scratch
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
     from helpers import REPO
 
     params = load_params(REPO / profile)
@@ -503,7 +505,7 @@ def test_table7_recipe_setting_the_searched_augmentation_is_an_error():
     import yaml
     from pydantic import ValidationError
 
-    from dpnrepro.config import ScratchParams
+    from dpnrepro.config.transfer import ScratchParams
     from helpers import REPO
 
     sp = yaml.safe_load((REPO / "profiles" / "full.yaml").read_text())["sun397_scratch"]

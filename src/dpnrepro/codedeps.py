@@ -21,16 +21,32 @@ def _module_file(module: str, src: Path) -> Path | None:
     return None
 
 
-def _import_targets(path: Path, src: Path) -> set[str]:
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under an ``if TYPE_CHECKING:`` block (imports for annotations, never executed)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skipped
+
+
+def _import_targets(path: Path, src: Path, runtime_only: bool = False) -> set[str]:
     """The ``dpnrepro`` modules a file's import statements name, anywhere in it (inside functions too):
-    ``import a.b`` names ``a.b``; ``from a import b`` names ``a.b`` when that is a module, else ``a``."""
+    ``import a.b`` names ``a.b``; ``from a import b`` names ``a.b`` when that is a module, else ``a``.
+    ``runtime_only`` leaves out the imports under ``if TYPE_CHECKING:`` (code deps keep them: an edit
+    there can change what the annotations name)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    skipped = _type_checking_only(tree) if runtime_only else set()
     package = None
     if path.is_relative_to(src):
         parts = list(path.relative_to(src).with_suffix("").parts)
         package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
     found = set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -57,15 +73,15 @@ def _imported_modules(path: Path, src: Path) -> set[str]:
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """{module: the modules it imports} of every module under ``src/dpnrepro``, imports inside functions
-    included. An edge is what an import statement names, not the parent packages Python initialises on
+    """{module: the modules it imports at run time} of every module under ``src/dpnrepro``, imports inside
+    functions included, those under ``if TYPE_CHECKING:`` left out. An edge is what an import statement names, not the parent packages Python initialises on
     the way (every module would otherwise import ``dpnrepro``, whose ``__init__`` imports ``models``)."""
     src = root / "src"
     graph = {}
     for path in sorted((src / PACKAGE).rglob("*.py")):
         parts = list(path.relative_to(src).with_suffix("").parts)
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        graph[module] = {m for m in _import_targets(path, src) if m != module and _module_file(m, src)}
+        graph[module] = {m for m in _import_targets(path, src, runtime_only=True) if m != module and _module_file(m, src)}
     return graph
 
 

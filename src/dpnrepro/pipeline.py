@@ -1,47 +1,32 @@
-"""dvc.yaml, generated: one definition of the sweeps (:data:`dpnrepro.config.SWEEPS`) and code deps
+"""dvc.yaml, generated: one definition of the sweeps (:data:`dpnrepro.config.sweeps.SWEEPS`) and code deps
 derived from what each stage really imports.
 
 ``python -m dpnrepro.pipeline`` rewrites dvc.yaml (the paper), benchmarks/dvc.yaml (timings) and study/dvc.yaml
 (the powered study); ``--check`` exits 1 when the committed file differs
-(tests/test_pipeline_contract.py runs it). A stage depends on exactly (:func:`exact_stages`):
+(tests/test_pipeline_contract.py runs it). A stage lists exactly (:func:`stages`):
   * the project files its script imports, followed transitively through ``dpnrepro`` imports (also
-    those inside functions; :mod:`dpnrepro.codedeps`), so an edit to imported code reruns it and an
-    edit elsewhere does not;
-  * the params sections that change its outputs. Execution settings (``runtime``: evaluation batch
+    those inside functions; :mod:`dpnrepro.codedeps`), a package directory where it imports every file
+    in it, so an edit to imported code reruns it and an edit elsewhere does not;
+  * the params keys that change its outputs. Execution settings (``runtime``: evaluation batch
     size, logging and checkpoint cadence, workers, device count) are tracked by no stage;
   * its data: the outputs of the stages before it.
-
-In the paper's dvc.yaml the code and params of a stage reach DVC through one file, its fingerprint
-``fingerprints/<stage>.json`` ({file: md5} of exactly those code files, {key: value} of exactly those
-params), written by the first stage, ``fingerprints`` (which depends on ``src/dpnrepro``, ``stages`` and
-the union of the stages' params). The set of code and params that reruns a stage is the same as with
-the files and params listed per stage; a no-op ``dvc repro`` no longer pays DVC's per-dependency cost
-for them (params.yaml parsed once instead of once per stage, 1 dependency per stage instead of ~15
-code files). benchmarks/dvc.yaml and study/dvc.yaml list their deps directly.
+So `dvc status`, `dvc repro --dry`, `dvc repro -s` and `dvc commit` see a code or params edit on exactly
+the stages it reaches, with no generated input in between.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import os
 import sys
-from pathlib import Path
 
 import yaml
 
 from dpnrepro.codedeps import ROOT, code_deps
-from dpnrepro.config import SWEEPS, reports
+from dpnrepro.config.sweeps import SWEEPS, reports
 
 DVC_YAML = ROOT / "dvc.yaml"
 BENCHMARKS_DVC_YAML = ROOT / "benchmarks" / "dvc.yaml"
 STUDY_DVC_YAML = ROOT / "study" / "dvc.yaml"
-# the first stage of dvc.yaml and the directory of its outputs, one file per stage (committed, like metrics)
-FINGERPRINT_STAGE = "fingerprints"
-FINGERPRINT_DIR = "fingerprints"
-# what the fingerprints stage reads: every project file a stage can import (the code deps are under them)
-CODE_ROOTS = ("src/dpnrepro", "stages")
 
 
 def _stage(script: str, *, args: str = "", deps=(), params=(), outs=(), metrics=(), **extra) -> dict:
@@ -85,9 +70,9 @@ def _prepared(dataset: str) -> str:
     return "data/prepared" if dataset == "data" else f"data/upstream/{dataset}"
 
 
-def exact_stages() -> dict:
-    """Every stage of the pipeline, in order, with exactly what it depends on: its code files and params
-    (which reach DVC through its fingerprint, see :func:`stages`) and its data."""
+def stages() -> dict:
+    """Every stage of dvc.yaml, in order, with exactly what it depends on: its code files, its params
+    and its data."""
     out = {
         "export_imagefolder": _stage("stages/export_imagefolder.py", params=["export_imagefolder"],
                                      outs=["data/raw/imagefolder"]),
@@ -152,106 +137,6 @@ def reports_index_stage(paper_stages: dict) -> dict:
                   outs=uncached([INDEX.as_posix()]))
 
 
-def _is_code(dep: str) -> bool:
-    return dep.split("/", 1)[0] in ("src", "stages")
-
-
-def fingerprint_path(stage: str) -> str:
-    return f"{FINGERPRINT_DIR}/{stage}.json"
-
-
-def stages() -> dict:
-    """The stages of dvc.yaml: :func:`exact_stages`, each depending on its fingerprint (its code files and
-    params) and its data, after the stage that writes the fingerprints."""
-    exact = exact_stages()
-    params = list(dict.fromkeys(key for body in exact.values() for key in body.get("params", [])))
-    out = {FINGERPRINT_STAGE: {
-        "cmd": "python stages/fingerprints.py",
-        "deps": list(CODE_ROOTS),
-        "params": params,
-        "outs": [{fingerprint_path(name): {"cache": False}} for name in exact],
-    }}
-    for name, body in exact.items():
-        body = dict(body)
-        body.pop("params", None)
-        body["deps"] = [fingerprint_path(name), *(d for d in body["deps"] if not _is_code(d))]
-        out[name] = body
-    return out
-
-
-def _code_files(dep: str, root) -> list[str]:
-    """The files DVC hashes for a code dep: the file, or every file under the directory (without
-    ``__pycache__``, which .dvcignore hides from DVC)."""
-    path = root / dep
-    if not path.is_dir():
-        return [dep]
-    found = []
-    for parent, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        found += [(Path(parent) / f).relative_to(root).as_posix() for f in files]
-    return sorted(found)
-
-
-def _param(doc, key: str):
-    """A params.yaml value by its dotted key, as DVC reads it (``dpath.get``); KeyError when missing."""
-    value = doc
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise KeyError(key)
-        value = value[part]
-    return value
-
-
-def fingerprints(root=".") -> dict[str, str]:
-    """{path: text} of every stage's fingerprint: the md5 of each of its code files and the value of each
-    of its params, read from ``root``'s params.yaml with DVC's YAML loader (ruamel, safe). ``root`` is the
-    workspace DVC runs the stage in (the current directory), whose files DVC would hash, not necessarily
-    the checkout ``dpnrepro`` is imported from (:data:`ROOT`, e.g. a scratch copy's editable install)."""
-    from ruamel.yaml import YAML
-
-    root = Path(root).resolve()
-    doc = YAML(typ="safe").load((root / "params.yaml").read_text(encoding="utf-8")) or {}
-    md5: dict[str, str] = {}  # each file hashed once, though most stages share most of their code
-
-    def file_md5(rel: str) -> str:
-        if rel not in md5:
-            md5[rel] = hashlib.md5((root / rel).read_bytes()).hexdigest()
-        return md5[rel]
-
-    texts = {}
-    for name, body in exact_stages().items():
-        code = {}
-        for dep in body["deps"]:
-            if _is_code(dep):
-                for rel in _code_files(dep, root):
-                    code[rel] = file_md5(rel)
-        values = {}
-        for key in body.get("params", []):
-            try:
-                values[key] = _param(doc, key)
-            except KeyError:
-                raise SystemExit(f"error: params.yaml has no {key!r} (stage {name!r} depends on it)") from None
-        text = json.dumps({"stage": name, "code": code, "params": values}, indent=1, default=str)
-        texts[fingerprint_path(name)] = text + "\n"
-    return texts
-
-
-def write_fingerprints(root=".") -> None:
-    """Write ``fingerprints/<stage>.json`` under ``root`` (the current directory, where DVC runs the
-    ``fingerprints`` stage) for every stage, each atomically, removing those of stages that no longer exist."""
-    from dpnrepro.io import write_text_atomic
-
-    root = Path(root).resolve()
-    texts = fingerprints(root)
-    folder = root / FINGERPRINT_DIR
-    folder.mkdir(exist_ok=True)
-    for stale in set(folder.glob("*.json")) - {root / rel for rel in texts}:
-        stale.unlink()
-    for rel, text in texts.items():
-        write_text_atomic(root / rel, text)
-    print(f"wrote {len(texts)} fingerprints to {FINGERPRINT_DIR}/")
-
-
 def benchmark_stages() -> dict:
     """Wall-clock measurements, kept out of the paper's pipeline (benchmarks/dvc.yaml, run from the
     project root): `dvc repro` rebuilds the tables and figures without them; `dvc repro
@@ -311,7 +196,7 @@ def segmentation_stages() -> dict:
 
 def transfer_stages() -> dict:
     """Tables 3 and 7: the smoke stand-ins, VTAB-1k fine-tunes of the table1 runs, Sun397 from scratch."""
-    from dpnrepro.config import VTAB_INIT_SWEEP
+    from dpnrepro.config.transfer import VTAB_INIT_SWEEP
 
     def table(n: int, metrics: str) -> dict:
         return _stage("stages/transfer_table.py", args=f"--table {n}", deps=["reports/paper", f"metrics/{metrics}.json"],
@@ -347,14 +232,12 @@ def lit_stages() -> dict:
 
 
 HEADER = """\
-# GENERATED by `python -m dpnrepro.pipeline` from config.SWEEPS and the stages' imports: do not edit by
+# GENERATED by `python -m dpnrepro.pipeline` from config/sweeps.py (SWEEPS) and the stages' imports: do not edit by
 # hand (tests/test_pipeline_contract.py fails when this file and the generator disagree).
 #
-# fingerprints -> every stage: fingerprints/<stage>.json holds the md5 of each code file the stage imports
-# and the value of each param it reads (pipeline.exact_stages), so a stage reruns exactly when its code,
-# params, data or command change, and a no-op `dvc repro` hashes one small file per stage instead of ~15
-# code files and a parse of params.yaml. `dvc status` shows a code or params edit on `fingerprints` until
-# it has run: before `dvc repro -s <stage>`, `dvc repro --dry` or `dvc commit`, run `dvc repro fingerprints`.
+# Every stage lists the code files its script imports (a package directory where it imports all of it) and
+# the params keys it reads, so it reruns exactly when its code, params, data or command change, and
+# `dvc status` / `dvc repro --dry` name exactly the stages an edit reaches.
 # export_imagefolder -> prepare -> train-<sweep> -> evaluate-<report> -> <report> (table<N>, figure1)
 # runs/table1 -> figures (Figures 2-4: gradient norms from dvclive, the first LN's scale)
 # export_seg_canvases -> segment (fine-tunes runs/table1 with mmseg's Runner) -> table5
@@ -415,7 +298,7 @@ def plots(params) -> list[dict]:
 
 def render() -> str:
     """The text of dvc.yaml (its plots list the runs of the active profile, params.yaml)."""
-    from dpnrepro.config import load_params
+    from dpnrepro.config.params import load_params
 
     body = yaml.safe_dump({"stages": stages(), "plots": plots(load_params(ROOT / "params.yaml"))},
                           sort_keys=False, width=120)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dpnrepro.artifacts import checkpoint_dir, run_dir, run_name
-from dpnrepro.config import Params, SweepConfig, get_sweep, sweep_config
+from dpnrepro.config.params import Params
+from dpnrepro.config.sweeps import SweepConfig, get_sweep, sweep_config
 from dpnrepro.errors import ParamsError
 
 

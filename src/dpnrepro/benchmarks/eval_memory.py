@@ -74,7 +74,8 @@ def build_run(out: Path, image_size: int, profile: str = "params.yaml") -> Path:
     import torch
 
     from dpnrepro.artifacts import write_run
-    from dpnrepro.config import get_sweep, load_params, sweep_config
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.sweeps import get_sweep, sweep_config
     from dpnrepro.training.run import model_spec
 
     params = load_params(profile)
@@ -109,7 +110,8 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     import torch
 
     from dpnrepro.artifacts import load_run_model
-    from dpnrepro.config import get_sweep, load_params, sweep_config
+    from dpnrepro.config.sweeps import get_sweep, sweep_config
+    from dpnrepro.config.params import load_params
     from dpnrepro.evaluation.classification import evaluate_run
     from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
 

@@ -44,7 +44,9 @@ def measure_trainer_loop(arch: str, stem: str, *, batch_size: int, steps: int, w
                          compile: bool, cudagraphs: bool, profile: str = "profiles/full.yaml",
                          sweep: str = "table1", backend: str | None = None, device: str = "cuda") -> dict:
     """ms/step and img/s of ``train_classifier`` (the recipe of ``sweep``/``arch`` in ``profile``)."""
-    from dpnrepro.config import RuntimeParams, load_params, sweep_config
+    from dpnrepro.config.runtime import RuntimeParams
+    from dpnrepro.config.sweeps import sweep_config
+    from dpnrepro.config.params import load_params
     from dpnrepro.training.run import model_spec
     from dpnrepro.training.trainer import train_classifier
 
@@ -104,7 +106,8 @@ def main(argv=None) -> None:
            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     if args.synthetic_rounds:
         from dpnrepro.benchmarks.train_throughput import run_benchmark
-        from dpnrepro.config import load_params, sweep_config
+        from dpnrepro.config.sweeps import sweep_config
+        from dpnrepro.config.params import load_params
 
         train = sweep_config(load_params(loop["profile"]), loop["sweep"], args.arch).train
         syn = run_benchmark([args.arch], [args.stem], timm_reference=False, batch_size=args.batch_size,

@@ -23,6 +23,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpnrepro.config.lit import LitParams
+from dpnrepro.config.segmentation import SegmentationParams
+
 FULL_PROFILE = Path("profiles/full.yaml")
 THROUGHPUT = Path("benchmarks/measured/gpu_throughput_summary.json")
 SEG_CONFIGS = "configs/segmentation"  # the mmseg config files (Table 5's workloads read the profile's one)
@@ -119,7 +122,9 @@ def estimate(w: Workload, tp: Throughput | None, *, compile_: bool = False) -> t
 def full_profile_workloads(root: Path) -> tuple[dict[str, list[Workload]], bool]:
     """({report: [Workload]}, runtime.compile) of the full profile (profiles/full.yaml)."""
     from dpnrepro.benchmarks.flops import train_flops_per_image
-    from dpnrepro.config import SWEEPS, arch_name, load_params, sweep_config
+    from dpnrepro.config.core import arch_name
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.sweeps import SWEEPS, sweep_config
 
     params = load_params(root / FULL_PROFILE)
     out: dict[str, list[Workload]] = {}
@@ -141,7 +146,8 @@ def full_profile_workloads(root: Path) -> tuple[dict[str, list[Workload]], bool]
 
 
 def _transfer_workloads(params, report: str) -> list[Workload]:
-    from dpnrepro.config import arch_name, transfer_config, vtab_config
+    from dpnrepro.config.core import arch_name
+    from dpnrepro.config.transfer import transfer_config, vtab_config
     from dpnrepro.cost.transfer import scratch_cost, vtab_cost
 
     if report == "table3" and params.vtab:
@@ -157,10 +163,11 @@ def _transfer_workloads(params, report: str) -> list[Workload]:
 
 
 def _lit_workloads(params) -> list[Workload]:
-    from dpnrepro.config import arch_name, sweep_config
+    from dpnrepro.config.core import arch_name
+    from dpnrepro.config.sweeps import sweep_config
     from dpnrepro.cost.lit import lit_flops_per_example
 
-    lit = params.lit
+    lit: LitParams | None = params.lit
     if lit is None:
         return []
     out, label = [], f"LiT text towers on the locked towers of {', '.join(lit.towers.sweeps)}"
@@ -182,9 +189,9 @@ def _segmentation_workloads(params, root: Path) -> list[Workload]:
     from mmengine.config import Config
 
     from dpnrepro.benchmarks.flops import TRAIN_FLOPS_MULTIPLIER, vit_forward_flops
-    from dpnrepro.config import arch_name
+    from dpnrepro.config.core import arch_name
 
-    sp = params.segmentation
+    sp: SegmentationParams | None = params.segmentation
     if sp is None:
         return []
     cfg = Config.fromfile(str(root / sp.config), import_custom_modules=False)

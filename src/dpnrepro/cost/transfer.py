@@ -9,7 +9,9 @@ step 1's winner when its (mixup 0, RandAugment 0) setting is in the grid, as the
 from __future__ import annotations
 
 from dpnrepro.benchmarks.flops import vit_forward_flops
-from dpnrepro.config import Params, arch_name, transfer_config, vtab_config
+from dpnrepro.config.core import arch_name
+from dpnrepro.config.params import Params
+from dpnrepro.config.transfer import transfer_config, vtab_config
 
 
 def _flops(arch: str, img: int, classes: int) -> float:

@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import run_dir
+from dpnrepro.config.lit import LitParams
 from dpnrepro.errors import CheckpointError
 from dpnrepro.lit.run import (SPEC_FILE, TEXT_FILE, build_lit, describe_lit, lit_run_dir, load_tower, pin_lit_threads,
                               tower_runs)
@@ -39,7 +40,7 @@ def evaluate_lit(params, *, progress: bool = True) -> dict:
     from dpnrepro.lit.train import embed_images
     from dpnrepro.training.distributed import resolve_device
 
-    lp = params.lit
+    lp: LitParams = params.lit
     zs = lp.zeroshot
     pin_lit_threads()
     device = resolve_device(lp.train.device)

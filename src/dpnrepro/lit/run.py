@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from dpnrepro.artifacts import load_run_model, read_config, run_dir, run_name
+from dpnrepro.config.lit import LitParams
 from dpnrepro.errors import UserError
 from dpnrepro.lit.towers import LiT, LockedImageTower, build_text_tower, state_digest, tokenizer
 
@@ -114,7 +115,7 @@ def train_lit(params, *, ctx=None, progress: bool = True) -> list[Path]:
     from dpnrepro.lit.train import embed_images
     from dpnrepro.training import distributed
 
-    lp = params.lit
+    lp: LitParams = params.lit
     cfg = lp.train
     pin_lit_threads()
     distributed.check_layout(cfg.batch_size, params.runtime.model_copy(update={"accum_steps": 1}),

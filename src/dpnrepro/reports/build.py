@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpnrepro.config import SWEEPS
+from dpnrepro.config.sweeps import SWEEPS
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import read_metrics, write_report
 from dpnrepro.reports.tables import render_figure, render_markdown, summarize_sweep, table_sweeps

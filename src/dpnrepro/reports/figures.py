@@ -19,6 +19,7 @@ import io
 from pathlib import Path
 
 from dpnrepro.artifacts import read_config
+from dpnrepro.config.figures import FiguresParams
 from dpnrepro.errors import UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports import headline
@@ -194,7 +195,7 @@ def _csv(rows: list[list], header: list[str]) -> str:
     return buf.getvalue()
 
 
-def build_figures(fig_params, runs_root: str | Path = "runs", reports_dir: str | Path = "reports",
+def build_figures(fig_params: FiguresParams, runs_root: str | Path = "runs", reports_dir: str | Path = "reports",
                   metrics_dir: str | Path = "metrics") -> list[Path]:
     """reports/figure{2,3,4}.{md,png}, metrics/figures_summary.json and the dvc-plots CSVs of Fig. 2."""
     from dpnrepro.artifacts import load_run_model, read_summary

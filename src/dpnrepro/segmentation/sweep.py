@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from dpnrepro.artifacts import run_dir as pretraining_run_dir
-from dpnrepro.config import Params
+from dpnrepro.config.params import Params
+from dpnrepro.config.segmentation import SegmentationParams
 from dpnrepro.segmentation.experiment import FINGERPRINT_FILE, RESULT_FILE, fingerprint, run_config, run_name, \
     train_and_evaluate
 
@@ -24,7 +25,7 @@ def _run(params: Params, stem: str, fraction: str, seed: int, ctx) -> dict:
     from dpnrepro.io import write_json_atomic
     from dpnrepro.training.distributed import barrier
 
-    seg = params.segmentation
+    seg: SegmentationParams = params.segmentation
     name = run_name(seg.arch, stem, fraction, seed)
     work = CKPT_ROOT / name
     pretrained = None
@@ -81,7 +82,7 @@ def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs
             (tmp / r["run"]).mkdir()
             for f in (WEIGHTS, "config.py", RESULT_FILE):
                 shutil.copy2(CKPT_ROOT / r["run"] / f, tmp / r["run"] / f)
-    seg = params.segmentation
+    seg: SegmentationParams = params.segmentation
     metrics = {
         "profile": params.profile, "hardware": hardware_label(), "arch": seg.arch, "config": seg.config,
         "data_root": seg.data_root, "options": seg.options,

@@ -8,7 +8,7 @@ from typing import Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dpnrepro.config import DataParams, InputParams, ModelParams, TrainParams, parse_arch_checked
+from dpnrepro.config.core import DataParams, InputParams, ModelParams, TrainParams, parse_arch_checked
 from dpnrepro.errors import ParamsError
 
 PARAMS_FILE = Path("study/params.yaml")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpnrepro.config import arch_name
+from dpnrepro.config.core import arch_name
 from dpnrepro.models.spec import LN_EPS, parse_arch  # LN_EPS: the DPN stem's LayerNorm eps
 from dpnrepro.study.config import StudyParams
 

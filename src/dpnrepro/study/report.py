@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpnrepro.config import arch_name
+from dpnrepro.config.core import arch_name
 from dpnrepro.errors import UserError
 from dpnrepro.models import parse_arch
 from dpnrepro.reports import headline

@@ -53,7 +53,8 @@ def train_and_score(job: dict) -> dict:
 
     torch.set_num_threads(job["threads"])
     from dpnrepro.artifacts import ModelSpec
-    from dpnrepro.config import InputParams, RuntimeParams, TrainParams
+    from dpnrepro.config.core import InputParams, TrainParams
+    from dpnrepro.config.runtime import RuntimeParams
     from dpnrepro.data.loader import load_split
     from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
     from dpnrepro.evaluation.classification import evaluate_top1
@@ -79,7 +80,7 @@ def cell_jobs(params: StudyParams, cell: Cell, data_dir: Path) -> list[dict]:
     from dataclasses import asdict
 
     from dpnrepro.artifacts import ModelSpec
-    from dpnrepro.config import arch_name
+    from dpnrepro.config.core import arch_name
 
     inp, model, train = params.run_config(cell)
     n_classes = params.datasets[cell.dataset].data.num_classes

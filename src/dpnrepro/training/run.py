@@ -6,7 +6,9 @@ import time
 from pathlib import Path
 
 from dpnrepro.artifacts import ModelSpec, run_dir, write_run
-from dpnrepro.config import SWEEPS, Params, SweepConfig, arch_name
+from dpnrepro.config.core import arch_name
+from dpnrepro.config.params import Params
+from dpnrepro.config.sweeps import SWEEPS, SweepConfig
 from dpnrepro.data.loader import load_split
 from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
 from dpnrepro.data.prepare import load_manifest, prepared_dir

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import ModelSpec
-from dpnrepro.config import RuntimeParams
+from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, train_batches
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed

@@ -15,7 +15,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import ModelSpec
-from dpnrepro.config import Params, arch_name, transfer_config
+from dpnrepro.config.core import arch_name
+from dpnrepro.config.params import Params
+from dpnrepro.config.transfer import transfer_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import scratch_search
 from dpnrepro.transfer.sources import decoded_if_small, load_source, vtab_splits

@@ -16,7 +16,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import read_spec, run_dir
-from dpnrepro.config import VTAB_INIT_SWEEP, Params, RuntimeParams, vtab_config
+from dpnrepro.config.runtime import RuntimeParams
+from dpnrepro.config.params import Params
+from dpnrepro.config.transfer import VTAB_INIT_SWEEP, vtab_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import vtab_protocol
 from dpnrepro.transfer.sources import decoded_if_small, load_source, vtab_splits
