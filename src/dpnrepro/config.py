@@ -6,6 +6,7 @@ seconds with one line naming the key, instead of hours into a run.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -137,9 +138,17 @@ class ModelParams(_Section):
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
         return placement
-    head_bias_init: float = 0.0
+    head_bias_init: float | Literal["prior"] = Field(0.0, description=(
+        "the head's initial bias; `prior` = logit(1/K) for the model's K classes (AugReg's -6.9 for 1000), "
+        "so a recipe shared by tasks of different K starts every head at its class prior"))
     dropout: float = Field(0.0, ge=0, lt=1)
     stoch_depth: float = Field(0.0, ge=0, lt=1)
+
+    def head_bias(self, num_classes: int) -> float:
+        """The initial head bias of a ``num_classes``-way head (``head_bias_init`` resolved)."""
+        if self.head_bias_init != "prior":
+            return self.head_bias_init
+        return -math.log(num_classes - 1)  # logit(1/K) = log(1/K / (1 - 1/K))
 
 
 class TrainParams(_Section):
@@ -387,6 +396,9 @@ class TaskSourceParams(_Section):
     format: Literal["disk", "imagefolder", "hub"]
     source: str
     stand_in: str = Field("", description="'' = the task's own data; else what real data stands in for it")
+    num_classes: int | None = Field(None, gt=1, description=(
+        "a stand-in's class count when it has fewer classes than the task (MNIST's 10 for Sun397's 397): the "
+        "head's size and the range its labels are checked against; None = the task's"))
 
 
 class TransferDataParams(_Section):

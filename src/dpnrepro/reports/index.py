@@ -190,7 +190,11 @@ def _paper_text(label: str, deltas: dict[str, list[float]]) -> str:
 
 
 def delta_verdict(delta: dict) -> str:
-    """The verdict a summary records, else the project's rule (:func:`stats.verdict`) on mean ± ci95."""
+    """``no verdict: <stem> at chance`` where a side of the Δ did not learn (the summary's ``learned``; a Δ
+    without it is judged as before), else the verdict the summary records, else the project's rule
+    (:func:`stats.verdict`) on mean ± ci95."""
+    if delta.get("learned") is False:
+        return f"no verdict: {' and '.join(delta.get('at_chance') or ['a run'])} at chance"
     if "verdict" in delta:
         return delta["verdict"]
     if "outside_ci" in delta:
@@ -226,6 +230,9 @@ def all_deltas(node) -> list[dict]:
                 if all(isinstance(v, (int, float)) for v in value.values()):
                     found += [{"mean": v, "ci95": None} for v in value.values()]
                     continue
+                if all(isinstance(v, dict) and "mean" in v for v in value.values()):  # {setting: Δ} (Table 7)
+                    found += list(value.values())
+                    continue
             found += all_deltas(value)
     return found
 
@@ -233,8 +240,9 @@ def all_deltas(node) -> list[dict]:
 def verdict_counts(deltas: list[dict]) -> str:
     if not deltas:
         return "—"
-    words = [delta_verdict(d).split(" (")[0] for d in deltas]
-    return f"{len(words)}: " + ", ".join(f"{words.count(w)} {w}" for w in ("better", "worse", "not resolved"))
+    words = [delta_verdict(d).split(" (")[0].split(":")[0] for d in deltas]
+    kinds = ("better", "worse", "not resolved") + (("no verdict",) if "no verdict" in words else ())
+    return f"{len(words)}: " + ", ".join(f"{words.count(w)} {w}" for w in kinds)
 
 
 def _by_arch(node: dict, key: str = f"delta_{DPN_STEM}") -> dict[str, dict]:
@@ -288,7 +296,7 @@ def _table7(summary: dict, docs: list[dict]) -> tuple[str, str, list[dict]]:
     ours_settings = next(iter(summary.values()))[f"delta_{DPN_STEM}"]
     setting = next(r["setting"] for r in load_paper_table(7)["rows"] if r["setting"] in ours_settings)
     paper = paper_deltas(7, setting=setting)
-    ours = {arch: {"mean": entry[f"delta_{DPN_STEM}"][setting], "ci95": None} for arch, entry in summary.items()}
+    ours = {arch: entry[f"delta_{DPN_STEM}"][setting] for arch, entry in summary.items()}
     return _paper_text(setting, paper), _ours_text(f"{setting}, one model per row", ours, paper), all_deltas(summary)
 
 
