@@ -135,3 +135,30 @@ def test_clevr_count_labels_from_the_adapter_are_learnable_and_are_the_object_co
     accuracy = 100.0 * float((linear(xt).argmax(-1) == yt).float().mean())
     chance = test_chance(yt.tolist(), 8)["majority_test"]
     assert learned(accuracy, chance), f"{accuracy:.1f} % vs chance {chance:.1f} %"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The rule, and the index's verdicts
+
+
+def test_learned_is_the_margin_above_chance():
+    from dpnrepro.stats import learned_cell, learned_delta
+
+    assert learned(12.0 + LEARNED_MARGIN, 12.0) and not learned(12.0 + LEARNED_MARGIN - 0.1, 12.0)
+    conv, dpn = learned_cell([20.0, 21.0], 12.0), learned_cell(40.0, 12.0)
+    assert conv == {"chance": 12.0, "learned": False} and dpn == {"chance": 12.0, "learned": True}
+    assert learned_delta({"conv": conv, "dpn": dpn}) == {"chance": 12.0, "learned": False, "at_chance": ["conv"]}
+
+
+def test_the_index_gives_no_verdict_where_a_side_is_at_chance():
+    from dpnrepro.reports.headline import stem_block
+    from dpnrepro.reports.index import delta_verdict, verdict_counts
+
+    at_chance = {"mean": 5.0, "ci95": 1.0, "learned": False, "at_chance": ["conv"], "chance": 12.0}
+    assert delta_verdict(at_chance) == "no verdict: conv at chance"
+    assert delta_verdict({**at_chance, "learned": True, "at_chance": []}) == "better"
+    assert delta_verdict({"mean": 5.0, "ci95": 1.0}) == "better"  # no `learned` (not yet recorded): as before
+    assert verdict_counts([at_chance, {"mean": 5.0, "ci95": 1.0}]) == \
+        "2: 1 better, 0 worse, 0 not resolved, 1 no verdict"
+    block = stem_block({"conv": {"mean": 20.0}, "dpn": {"mean": 25.0}, "delta_dpn": at_chance})
+    assert block["dpn-conv"]["verdict"] == "no verdict"

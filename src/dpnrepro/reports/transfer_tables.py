@@ -15,7 +15,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import finish_delta_axes, pyplot, read_metrics, save_png, write_report
-from dpnrepro.stats import fmt_ci, learned_cell, learned_delta, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import LEARNED_MARGIN, fmt_ci, learned_cell, learned_delta, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
 GROUPS = ("natural", "specialized", "structured")
@@ -127,8 +127,8 @@ def render_table3(metrics: dict, summary: dict) -> str:
               f"final models trained on `{'train800val200' if metrics['retrain_on_train800val200'] else 'train800'}` "
               f"(`vtab.retrain_on_train800val200`).",
               f"- Δ = stem − {BASE_STEM}, paired by seed; **bold** = the 95 % CI of Δ excludes 0 (outside the CI). "
-              "`chance` = the test split's majority-class rate: an accuracy near it means the fine-tune learned "
-              "nothing.",
+              "`chance` = the test split's majority-class rate; *at chance* marks a mean less than "
+              f"{LEARNED_MARGIN:g} points above it (the fine-tune learned nothing: no verdict on its Δ).",
               f"- Hardware: {metrics['hardware']}.", ""]
     for arch in archs:
         lines += [f"### {arch}", "",
@@ -138,7 +138,8 @@ def render_table3(metrics: dict, summary: dict) -> str:
         ordered = sorted(summary["tasks"].items(), key=lambda kv: order.index(kv[0]))
         for name, t in ordered:
             e = t["archs"].get(arch, {})
-            cells = [f"{fmt_ci(e[s]['mean'], e[s]['ci95'], 2)} ({e[s]['lr']:g})" if s in e else "—" for s in stems]
+            cells = [f"{fmt_ci(e[s]['mean'], e[s]['ci95'], 2)} ({e[s]['lr']:g}){_at_chance(e[s])}" if s in e else "—"
+                     for s in stems]
             deltas = [_bold(e.get(f"delta_{s}")) for s in others]
             pd = " , ".join(f"{paper['values'][a][name]['dpn'] - paper['values'][a][name]['base']:+.1f}"
                             for a in PAPER_ARCHS)
@@ -159,6 +160,10 @@ def render_table3(metrics: dict, summary: dict) -> str:
     lines += [f"Differences outside the 95 % CI: {', '.join(outside) if outside else 'none'}.", "",
               "![Table 3 figure](table3.png)", ""]
     return "\n".join(lines)
+
+
+def _at_chance(cell: dict) -> str:
+    return " *at chance*" if cell.get("learned") is False else ""
 
 
 def _bold(d: dict | None) -> str:
@@ -254,6 +259,8 @@ def render_table7(metrics: dict, summary: dict) -> str:
               f"- Data: {data}; train {ex['train']}, val {ex['val']}, test {ex['test']} images (the Sun397 adapter's "
               "full splits).",
               f"- Recipe: {metrics['recipe']}; seed {metrics['seed']}, one model per row as the paper.",
+              f"- Chance: {metrics['majority_test']:.1f} % (the test split's majority class); *at chance* marks a "
+              f"row less than {LEARNED_MARGIN:g} points above it (no verdict on its Δ).",
               f"- Search (appendix F), per arch and stem: step 1 over {len(metrics['grid'])} settings "
               f"(lr × weight decay × dropout), step 2 over {len(metrics['aug_grid'])} (mixup × RandAugment "
               f"magnitude) with step 1's winner, step 3 the winner for {metrics['longer']['steps']} steps. Each "
@@ -266,7 +273,7 @@ def render_table7(metrics: dict, summary: dict) -> str:
                   + " | ".join(f"Δ {s}" for s in others) + " | chosen hparams | Paper Δ B/32, B/16 |",
                   "|---|" + "---|" * (len(names) + len(others) + 2)]
         for s in SETTINGS:
-            cells = [f"{stems[n][s]['test']:.2f} ({stems[n][s]['val']:.2f})" for n in names]
+            cells = [f"{stems[n][s]['test']:.2f} ({stems[n][s]['val']:.2f}){_at_chance(stems[n][s])}" for n in names]
             deltas = [f"{stems[f'delta_{o}'][s]['mean']:+.2f}" if f"delta_{o}" in stems else "—" for o in others]
             hps = "; ".join(f"{n}: {_hp(stems[n][s]['hparams'])}" for n in names)
             pd = ", ".join(f"{paper['values'][a][s]['dpn'] - paper['values'][a][s]['base']:+.1f}" for a in PAPER_ARCHS)
