@@ -47,7 +47,7 @@ import yaml
 from dpnrepro import pipeline
 from dpnrepro.reports.ablations import FIGURE1_REFERENCE, TABLE6_STEMS
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import verdict
+from dpnrepro.stats import LEARNED_MARGIN, verdict
 from dpnrepro.reports.table4 import SWEEP_STEPS
 from dpnrepro.reports.tables import BASE_STEM, TABLES
 from dpnrepro.reports.transfer_tables import GROUPS
@@ -592,7 +592,8 @@ def build_index(root: Path = Path("."), *, throughput: Path | None = None) -> st
         "(a commit id on this page would change with every commit; src/dpnrepro/reports/index.py).",
         "- **Paper vs ours**: the headline block of each table; Δ = DPN − base (Table 6: alternative − DPN; "
         "Figure 1: run − conv with pre-LN); paper Δ from the printed values (mean over a block's rows per arch). "
-        "Verdict: better / worse when the 95 % CI of Δ excludes 0, else not resolved. "
+        "Verdict: better / worse when the 95 % CI of Δ excludes 0, else not resolved; no verdict where a side "
+        f"of Δ did not learn (less than {LEARNED_MARGIN:g} points above its chance rate, `stats.learned`). "
         "*Our Δs* counts every Δ of the report's summary.",
         "",
         "## GPU-hours at the full profile",
