@@ -292,11 +292,17 @@ def _table6(summary: dict, docs: list[dict]) -> tuple[str, str, list[dict]]:
                             for arch, g in ours.items() if g), all_deltas(summary)
 
 
+def _as_delta(delta) -> dict:
+    """A Δ of Table 7's summary: ``{mean, ci95, chance, learned, at_chance}``, or a bare number (before
+    session 10's summaries recorded ``learned``)."""
+    return delta if isinstance(delta, dict) else {"mean": delta, "ci95": None}
+
+
 def _table7(summary: dict, docs: list[dict]) -> tuple[str, str, list[dict]]:
     ours_settings = next(iter(summary.values()))[f"delta_{DPN_STEM}"]
     setting = next(r["setting"] for r in load_paper_table(7)["rows"] if r["setting"] in ours_settings)
     paper = paper_deltas(7, setting=setting)
-    ours = {arch: entry[f"delta_{DPN_STEM}"][setting] for arch, entry in summary.items()}
+    ours = {arch: _as_delta(entry[f"delta_{DPN_STEM}"][setting]) for arch, entry in summary.items()}
     return _paper_text(setting, paper), _ours_text(f"{setting}, one model per row", ours, paper), all_deltas(summary)
 
 
