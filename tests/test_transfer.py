@@ -281,13 +281,13 @@ def test_texture_and_nuclei_splits_come_from_disjoint_bands():
 # Reports
 
 
-def _vtab_metrics(base, dpn):
+def _vtab_metrics(base, dpn, svhn_chance=10.0):
     runs = {f"Mu-7_{stem}": {"arch": "Mu-7", "stem": stem, "lr": 0.01, "test": acc, "trained_on": "train800",
                               "val": {"0.01": acc}} for stem, acc in (("conv", base), ("dpn", dpn))}
     return {"profile": "smoke", "hardware": "cpu", "init_from": "table1", "init_seed": 0, "lrs": [0.01],
             "seeds": [0, 1, 2], "retrain_on_train800val200": False, "recipe": "r",
-            "tasks": {"SVHN": {"group": "natural", "stand_in": "MNIST", "runs": runs},
-                      "DTD": {"group": "natural", "stand_in": "textures", "runs": {
+            "tasks": {"SVHN": {"group": "natural", "stand_in": "MNIST", "runs": runs, "majority_test": svhn_chance},
+                      "DTD": {"group": "natural", "stand_in": "textures", "majority_test": 33.3, "runs": {
                           k: {**v, "test": [a + 10 for a in v["test"]]} for k, v in runs.items()}}}}
 
 
@@ -300,11 +300,18 @@ def test_table3_flags_differences_outside_the_ci_and_averages_groups_per_seed(tm
     assert not noisy["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["outside_ci"]
     group = clear["groups"]["natural"]["Mu-7"]["conv"]
     assert group["test"] == [55, 56, 57] and group["mean"] == pytest.approx(56)
+    assert group["learned"] and group["chance"] == pytest.approx((10 + 33.3) / 2)
+    # conv 51 % on a task whose majority class is 45 %: not 10 points above chance, so no Δ verdict there
+    half = summarize_vtab(_vtab_metrics([50, 51, 52], [60, 61, 62.5], svhn_chance=45.0))
+    svhn = half["tasks"]["SVHN"]["archs"]["Mu-7"]
+    assert not svhn["conv"]["learned"] and svhn["dpn"]["learned"] and svhn["conv"]["chance"] == 45.0
+    assert svhn["delta_dpn"]["learned"] is False and svhn["delta_dpn"]["at_chance"] == ["conv"]
+    assert half["groups"]["natural"]["Mu-7"]["conv"]["learned"] is False
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "vtab.json").write_text(json.dumps(_vtab_metrics([50, 51, 52], [60, 61, 62.5])))
     md, png, _ = build_transfer_table(3, tmp_path / "metrics", tmp_path / "reports")
     text = md.read_text()
-    assert "| natural | SVHN (MNIST) | — |" in text and "**+10.17" in text and png.stat().st_size > 0
+    assert "| natural | SVHN (MNIST) | 10.0 |" in text and "**+10.17" in text and png.stat().st_size > 0
     assert "| natural | Caltech101 | 87.1 | 87.7 | +0.6 | 86.1 | 86.6 | +0.5 |" in text  # paper, from table3.yaml
 
 
@@ -314,14 +321,20 @@ def test_table7_rows_from_the_search(tmp_path):
     rows = lambda t: [{"setting": s, "hparams": {"lr": 0.001}, "val": t + i, "test": t + i, "candidates": []}  # noqa: E731
                       for i, s in enumerate(("from scratch", "+ Augmentation", "+ Train Longer"))]
     metrics = {"profile": "smoke", "hardware": "cpu", "task": "Sun397", "stand_in": "MNIST", "seed": 0,
-               "examples": {"train": 10, "val": 5, "test": 5}, "recipe": "r", "grid": [{}], "aug_grid": [{}],
+               "examples": {"train": 10, "val": 5, "test": 5}, "majority_test": 32.0, "recipe": "r", "grid": [{}],
+               "aug_grid": [{}],
                "longer": {"steps": 80}, "runs": {f"Mu-7_{s}": {"arch": "Mu-7", "stem": s, "rows": rows(t)}
                                                  for s, t in (("conv", 40.0), ("dpn", 45.0))}}
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "sun397_scratch.json").write_text(json.dumps(metrics))
-    md, _, summary = build_transfer_table(7, tmp_path / "metrics", tmp_path / "reports")
+    md, _, summary_file = build_transfer_table(7, tmp_path / "metrics", tmp_path / "reports")
+    summary = json.loads(summary_file.read_text())
     text = md.read_text()
     assert "| + Train Longer | 42.00 (42.00) | 47.00 (47.00) | +5.00 |" in text
+    arch = summary["Mu-7"]  # conv's 40 % is not 10 points above the 32 % majority class; its 42 % is
+    assert not arch["conv"]["from scratch"]["learned"] and arch["conv"]["+ Train Longer"]["learned"]
+    assert arch["delta_dpn"]["from scratch"] == {"mean": 5.0, "ci95": None, "chance": 32.0, "learned": False,
+                                                 "at_chance": ["conv"]}
     assert "| from scratch | 41.4 | 47.5 | +6.1 | 45.6 | 51.8 | +6.2 |" in text
 
 
@@ -476,6 +489,9 @@ def test_table7_step_1_trains_without_randaugment_and_mixup(profile, monkeypatch
         def __len__(self):
             return 10
 
+        def __getitem__(self, column):  # the test split's labels, for its chance rate
+            return [0, 1] * 5
+
     trained = []
 
     def train(spec, ds, inp, cfg, **kw):
@@ -483,7 +499,7 @@ def test_table7_step_1_trains_without_randaugment_and_mixup(profile, monkeypatch
         return len(trained)
 
     monkeypatch.setattr(scratch, "load_source", lambda fmt, source: None)
-    monkeypatch.setattr(scratch, "vtab_splits", lambda task, source, names: {n: Split() for n in names})
+    monkeypatch.setattr(scratch, "vtab_splits", lambda task, source, names, **kw: {n: Split() for n in names})
     monkeypatch.setattr(scratch, "decoded_if_small", lambda ds: ds)
     monkeypatch.setattr("dpnrepro.training.trainer.train_classifier", train)
     monkeypatch.setattr("dpnrepro.evaluation.classification.evaluate_top1",

@@ -111,6 +111,31 @@ def verdict(low: float | None, high: float | None) -> str:
     return "not resolved"
 
 
+LEARNED_MARGIN = 10.0  # points (the metric's own unit: % accuracy, % mIoU) above chance
+
+
+def learned(value: float, chance: float, margin: float = LEARNED_MARGIN) -> bool:
+    """Whether a run (or a mean over seeds) learned: ``value`` at least ``margin`` above ``chance``, the
+    score of a model that learned nothing (a classifier's: the test split's majority-class rate). The one
+    rule the reports use before giving a verdict on a difference: a Δ between runs at chance says nothing."""
+    return value >= chance + margin
+
+
+def learned_cell(values: Sequence[float] | float, chance: float, margin: float = LEARNED_MARGIN) -> dict:
+    """``{"chance", "learned"}`` of a summary cell: :func:`learned` on the mean of its ``values``."""
+    vals = [values] if isinstance(values, (int, float)) else list(values)
+    return {"chance": float(chance), "learned": learned(math.fsum(vals) / len(vals), chance, margin)}
+
+
+def learned_delta(cells: dict[str, dict]) -> dict:
+    """``{"chance", "learned", "at_chance"}`` of a Δ between ``cells`` (``{stem: cell}``): learned when
+    every side learned (a side with no ``learned`` is taken as learned), ``at_chance`` names those that did
+    not; ``chance`` is the sides' (equal) chance."""
+    at_chance = [stem for stem, cell in cells.items() if cell.get("learned") is False]
+    chances = [c["chance"] for c in cells.values() if "chance" in c]
+    return {"chance": max(chances) if chances else None, "learned": not at_chance, "at_chance": at_chance}
+
+
 def fmt_ci(mean: float, ci: float | None, digits: int = 1) -> str:
     """'72.1 ± 0.07'-style text; CI shown with one more digit than the mean."""
     if ci is None:

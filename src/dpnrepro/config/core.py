@@ -3,6 +3,7 @@ recipe every sweep starts from, and the helpers the other config modules share."
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -128,9 +129,17 @@ class ModelParams(_Section):
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
         return placement
-    head_bias_init: float = 0.0
+    head_bias_init: float | Literal["prior"] = Field(0.0, description=(
+        "the head's initial bias; `prior` = logit(1/K) for the model's K classes (AugReg's -6.9 for 1000), "
+        "so a recipe shared by tasks of different K starts every head at its class prior"))
     dropout: float = Field(0.0, ge=0, lt=1)
     stoch_depth: float = Field(0.0, ge=0, lt=1)
+
+    def head_bias(self, num_classes: int) -> float:
+        """The initial head bias of a ``num_classes``-way head (``head_bias_init`` resolved)."""
+        if self.head_bias_init != "prior":
+            return self.head_bias_init
+        return -math.log(num_classes - 1)  # logit(1/K) = log(1/K / (1 - 1/K))
 
 
 class TrainParams(_Section):

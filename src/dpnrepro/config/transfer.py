@@ -23,6 +23,9 @@ class TaskSourceParams(_Section):
     format: Literal["disk", "imagefolder", "hub"]
     source: str
     stand_in: str = Field("", description="'' = the task's own data; else what real data stands in for it")
+    num_classes: int | None = Field(None, gt=1, description=(
+        "a stand-in's class count when it has fewer classes than the task (MNIST's 10 for Sun397's 397): the "
+        "head's size and the range its labels are checked against; None = the task's"))
 
 
 class TransferDataParams(_Section):

@@ -13,6 +13,7 @@ from pathlib import Path
 from dpnrepro.stats import verdict
 
 HEADLINE_DIR = "headline"
+NO_VERDICT = "no verdict"
 
 
 def headline_path(report: str, metrics_dir: str | Path = "metrics") -> Path:
@@ -40,13 +41,19 @@ def difference(mean: float, ci95: float | None, given_verdict: str | None = None
     return out
 
 
+def given_verdict(delta: dict) -> str | None:
+    """The verdict a summary's Δ carries: its own, ``no verdict`` when a side did not learn (``learned``
+    false: a Δ between runs at chance says nothing), else None (decided from its CI)."""
+    return NO_VERDICT if delta.get("learned") is False else delta.get("verdict")
+
+
 def stem_block(entry: dict, base: str = "conv", delta_key: str = "delta_dpn") -> dict:
     """One block of a summary (``{<base>: {mean}, dpn: {mean}, delta_dpn: {mean, ci95[, verdict]}}``) as
     ``{<base>: mean, dpn: mean, dpn-<base>: {mean, ci95, verdict}}``."""
     delta = entry[delta_key]
     base = delta.get("vs", base)
     return {base: entry[base]["mean"], "dpn": entry["dpn"]["mean"],
-            f"dpn-{base}": difference(delta["mean"], delta.get("ci95"), delta.get("verdict"))}
+            f"dpn-{base}": difference(delta["mean"], delta.get("ci95"), given_verdict(delta))}
 
 
 def nested_blocks(tree: dict, depth: int) -> dict:
@@ -95,7 +102,7 @@ def table7(summary: dict) -> dict:
         stems = [s for s in entry if s != "delta_dpn"]
         base = next(s for s in stems if s != "dpn")
         out[arch] = {setting: {**{s: entry[s][setting]["test"] for s in (base, "dpn")},
-                               f"dpn-{base}": difference(delta, None)}
+                               f"dpn-{base}": difference(delta["mean"], None, given_verdict(delta))}
                      for setting, delta in entry["delta_dpn"].items()}
     return out
 

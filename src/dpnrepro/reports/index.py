@@ -37,10 +37,11 @@ from dpnrepro.cost.gpu_hours import (ASSUMED_MFU, FULL_PROFILE, INPUTS, THROUGHP
                                      assumed_device, estimate, full_profile_workloads, load_throughput)
 from dpnrepro.reports.ablations import FIGURE1_REFERENCE, TABLE6_STEMS
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import verdict
 from dpnrepro.reports.table4 import SWEEP_STEPS
+from dpnrepro.reports.table5 import LEARNED_MARGIN as SEG_LEARNED_MARGIN
 from dpnrepro.reports.tables import BASE_STEM, TABLES
 from dpnrepro.reports.transfer_tables import GROUPS
+from dpnrepro.stats import LEARNED_MARGIN, verdict
 
 INDEX = Path("reports/README.md")
 PAPER_DIR = "reports/paper"
@@ -174,7 +175,11 @@ def _paper_text(label: str, deltas: dict[str, list[float]]) -> str:
 
 
 def delta_verdict(delta: dict) -> str:
-    """The verdict a summary records, else the project's rule (:func:`stats.verdict`) on mean ± ci95."""
+    """``no verdict: <stem> at chance`` where a side of the Δ did not learn (the summary's ``learned``; a Δ
+    without it is judged as before), else the verdict the summary records, else the project's rule
+    (:func:`stats.verdict`) on mean ± ci95."""
+    if delta.get("learned") is False:
+        return f"no verdict: {' and '.join(delta.get('at_chance') or ['a run'])} at chance"
     if "verdict" in delta:
         return delta["verdict"]
     if "outside_ci" in delta:
@@ -210,6 +215,9 @@ def all_deltas(node) -> list[dict]:
                 if all(isinstance(v, (int, float)) for v in value.values()):
                     found += [{"mean": v, "ci95": None} for v in value.values()]
                     continue
+                if all(isinstance(v, dict) and "mean" in v for v in value.values()):  # {setting: Δ} (Table 7)
+                    found += list(value.values())
+                    continue
             found += all_deltas(value)
     return found
 
@@ -217,8 +225,9 @@ def all_deltas(node) -> list[dict]:
 def verdict_counts(deltas: list[dict]) -> str:
     if not deltas:
         return "—"
-    words = [delta_verdict(d).split(" (")[0] for d in deltas]
-    return f"{len(words)}: " + ", ".join(f"{words.count(w)} {w}" for w in ("better", "worse", "not resolved"))
+    words = [delta_verdict(d).split(" (")[0].split(":")[0] for d in deltas]
+    kinds = ("better", "worse", "not resolved") + (("no verdict",) if "no verdict" in words else ())
+    return f"{len(words)}: " + ", ".join(f"{words.count(w)} {w}" for w in kinds)
 
 
 def _by_arch(node: dict, key: str = f"delta_{DPN_STEM}") -> dict[str, dict]:
@@ -268,11 +277,17 @@ def _table6(summary: dict, docs: list[dict]) -> tuple[str, str, list[dict]]:
                             for arch, g in ours.items() if g), all_deltas(summary)
 
 
+def _as_delta(delta) -> dict:
+    """A Δ of Table 7's summary: ``{mean, ci95, chance, learned, at_chance}``, or a bare number (before
+    session 10's summaries recorded ``learned``)."""
+    return delta if isinstance(delta, dict) else {"mean": delta, "ci95": None}
+
+
 def _table7(summary: dict, docs: list[dict]) -> tuple[str, str, list[dict]]:
     ours_settings = next(iter(summary.values()))[f"delta_{DPN_STEM}"]
     setting = next(r["setting"] for r in load_paper_table(7)["rows"] if r["setting"] in ours_settings)
     paper = paper_deltas(7, setting=setting)
-    ours = {arch: {"mean": entry[f"delta_{DPN_STEM}"][setting], "ci95": None} for arch, entry in summary.items()}
+    ours = {arch: _as_delta(entry[f"delta_{DPN_STEM}"][setting]) for arch, entry in summary.items()}
     return _paper_text(setting, paper), _ours_text(f"{setting}, one model per row", ours, paper), all_deltas(summary)
 
 
@@ -409,7 +424,9 @@ def build_index(entries: list[ReportEntry], root: Path = Path("."), *, throughpu
         "(a commit id on this page would change with every commit; src/dpnrepro/reports/index.py).",
         "- **Paper vs ours**: the headline block of each table; Δ = DPN − base (Table 6: alternative − DPN; "
         "Figure 1: run − conv with pre-LN); paper Δ from the printed values (mean over a block's rows per arch). "
-        "Verdict: better / worse when the 95 % CI of Δ excludes 0, else not resolved. "
+        "Verdict: better / worse when the 95 % CI of Δ excludes 0, else not resolved; no verdict where a side "
+        f"of Δ did not learn (less than {LEARNED_MARGIN:g} points of accuracy, Table 5: {SEG_LEARNED_MARGIN:g} "
+        "points of mIoU, above its chance rate; `stats.learned`). "
         "*Our Δs* counts every Δ of the report's summary.",
         "",
         "## GPU-hours at the full profile",

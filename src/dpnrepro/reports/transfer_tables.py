@@ -15,7 +15,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import finish_delta_axes, pyplot, read_metrics, save_png, write_report
-from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import LEARNED_MARGIN, fmt_ci, learned_cell, learned_delta, mean_ci95, paired_delta_ci95
 
 BASE_STEM = "conv"
 GROUPS = ("natural", "specialized", "structured")
@@ -47,29 +47,34 @@ def paper_table3() -> dict:
 
 
 def summarize_vtab(metrics: dict) -> dict:
-    """Per task and arch: each stem's mean ± CI of test accuracy over seeds, chosen lr, and the paired
-    stem − base delta; per group and arch the same over the per-seed group means."""
-    tasks, per_seed = {}, {}
+    """Per task and arch: each stem's mean ± CI of test accuracy over seeds, chosen lr, whether it learned
+    (:func:`stats.learned` against the test split's majority-class rate), and the paired stem − base delta;
+    per group and arch the same over the per-seed group means (learned when each of its tasks did)."""
+    tasks, per_seed, per_group = {}, {}, {}
     for name, entry in metrics["tasks"].items():
         by_arch: dict = {}
         for run in entry["runs"].values():
             mean, ci = mean_ci95(run["test"])
-            by_arch.setdefault(run["arch"], {})[run["stem"]] = {
+            cell = by_arch.setdefault(run["arch"], {})[run["stem"]] = {
                 "mean": mean, "ci95": ci, "n": len(run["test"]), "lr": run["lr"], "test": run["test"],
-                "val_by_lr": {lr: mean_ci95(v)[0] for lr, v in run["val"].items()}, "trained_on": run["trained_on"]}
+                "val_by_lr": {lr: mean_ci95(v)[0] for lr, v in run["val"].items()}, "trained_on": run["trained_on"],
+                **learned_cell(run["test"], entry["majority_test"])}
             for seed, acc in zip(metrics["seeds"], run["test"]):
                 per_seed.setdefault((entry["group"], run["arch"], run["stem"]), {}).setdefault(seed, []).append(acc)
+            per_group.setdefault((entry["group"], run["arch"], run["stem"]), []).append(cell)
         for arch, stems in by_arch.items():
             _add_deltas(stems)
         tasks[name] = {"group": entry["group"], "stand_in": entry["stand_in"], "archs": by_arch,
-                       "chance": entry.get("majority_test")}
+                       "chance": entry["majority_test"]}
     groups: dict = {}
     for (group, arch, stem), seeds in sorted(per_seed.items()):
         accs = [sum(v) / len(v) for _, v in sorted(seeds.items())]
         mean, ci = mean_ci95(accs)
+        cells = per_group[group, arch, stem]
         groups.setdefault(group, {}).setdefault(arch, {})[stem] = {
             "mean": mean, "ci95": ci, "n": len(accs), "test": accs,
-            "tasks": len(next(iter(seeds.values())))}
+            "tasks": len(next(iter(seeds.values()))),
+            "chance": sum(c["chance"] for c in cells) / len(cells), "learned": all(c["learned"] for c in cells)}
     for archs in groups.values():
         for stems in archs.values():
             _add_deltas(stems)
@@ -82,7 +87,8 @@ def _add_deltas(stems: dict) -> None:
     for stem in [s for s in stems if s != BASE_STEM and not s.startswith("delta_")]:
         d, ci = paired_delta_ci95(stems[stem]["test"], stems[BASE_STEM]["test"])
         stems[f"delta_{stem}"] = {"mean": d, "ci95": ci, "vs": BASE_STEM,
-                                  "outside_ci": ci is not None and abs(d) > ci}
+                                  "outside_ci": ci is not None and abs(d) > ci,
+                                  **learned_delta({s: stems[s] for s in (BASE_STEM, stem)})}
 
 
 def render_table3(metrics: dict, summary: dict) -> str:
@@ -121,8 +127,8 @@ def render_table3(metrics: dict, summary: dict) -> str:
               f"final models trained on `{'train800val200' if metrics['retrain_on_train800val200'] else 'train800'}` "
               f"(`vtab.retrain_on_train800val200`).",
               f"- Δ = stem − {BASE_STEM}, paired by seed; **bold** = the 95 % CI of Δ excludes 0 (outside the CI). "
-              "`chance` = the test split's majority-class rate: an accuracy near it means the fine-tune learned "
-              "nothing.",
+              "`chance` = the test split's majority-class rate; *at chance* marks a mean less than "
+              f"{LEARNED_MARGIN:g} points above it (the fine-tune learned nothing: no verdict on its Δ).",
               f"- Hardware: {metrics['hardware']}.", ""]
     for arch in archs:
         lines += [f"### {arch}", "",
@@ -132,7 +138,8 @@ def render_table3(metrics: dict, summary: dict) -> str:
         ordered = sorted(summary["tasks"].items(), key=lambda kv: order.index(kv[0]))
         for name, t in ordered:
             e = t["archs"].get(arch, {})
-            cells = [f"{fmt_ci(e[s]['mean'], e[s]['ci95'], 2)} ({e[s]['lr']:g})" if s in e else "—" for s in stems]
+            cells = [f"{fmt_ci(e[s]['mean'], e[s]['ci95'], 2)} ({e[s]['lr']:g}){_at_chance(e[s])}" if s in e else "—"
+                     for s in stems]
             deltas = [_bold(e.get(f"delta_{s}")) for s in others]
             pd = " , ".join(f"{paper['values'][a][name]['dpn'] - paper['values'][a][name]['base']:+.1f}"
                             for a in PAPER_ARCHS)
@@ -153,6 +160,10 @@ def render_table3(metrics: dict, summary: dict) -> str:
     lines += [f"Differences outside the 95 % CI: {', '.join(outside) if outside else 'none'}.", "",
               "![Table 3 figure](table3.png)", ""]
     return "\n".join(lines)
+
+
+def _at_chance(cell: dict) -> str:
+    return " *at chance*" if cell.get("learned") is False else ""
 
 
 def _bold(d: dict | None) -> str:
@@ -206,14 +217,20 @@ def paper_table7() -> dict:
 
 
 def summarize_scratch(metrics: dict) -> dict:
+    """Per arch, stem and setting: test and val accuracy, hparams and whether it learned (:func:`stats.learned`
+    against the test split's majority-class rate); per setting the DPN − base difference (one run each)."""
     out: dict = {}
     for run in metrics["runs"].values():
-        rows = {r["setting"]: {"test": r["test"], "val": r["val"], "hparams": r["hparams"]} for r in run["rows"]}
+        rows = {r["setting"]: {"test": r["test"], "val": r["val"], "hparams": r["hparams"],
+                               **learned_cell(r["test"], metrics["majority_test"])} for r in run["rows"]}
         out.setdefault(run["arch"], {})[run["stem"]] = rows
     for stems in out.values():
         if BASE_STEM in stems:
             for stem in [s for s in stems if s != BASE_STEM]:
-                stems[f"delta_{stem}"] = {s: stems[stem][s]["test"] - stems[BASE_STEM][s]["test"] for s in SETTINGS}
+                stems[f"delta_{stem}"] = {s: {"mean": stems[stem][s]["test"] - stems[BASE_STEM][s]["test"],
+                                              "ci95": None,
+                                              **learned_delta({b: stems[b][s] for b in (BASE_STEM, stem)})}
+                                          for s in SETTINGS}
     return out
 
 
@@ -242,6 +259,8 @@ def render_table7(metrics: dict, summary: dict) -> str:
               f"- Data: {data}; train {ex['train']}, val {ex['val']}, test {ex['test']} images (the Sun397 adapter's "
               "full splits).",
               f"- Recipe: {metrics['recipe']}; seed {metrics['seed']}, one model per row as the paper.",
+              f"- Chance: {metrics['majority_test']:.1f} % (the test split's majority class); *at chance* marks a "
+              f"row less than {LEARNED_MARGIN:g} points above it (no verdict on its Δ).",
               f"- Search (appendix F), per arch and stem: step 1 over {len(metrics['grid'])} settings "
               f"(lr × weight decay × dropout), step 2 over {len(metrics['aug_grid'])} (mixup × RandAugment "
               f"magnitude) with step 1's winner, step 3 the winner for {metrics['longer']['steps']} steps. Each "
@@ -254,8 +273,8 @@ def render_table7(metrics: dict, summary: dict) -> str:
                   + " | ".join(f"Δ {s}" for s in others) + " | chosen hparams | Paper Δ B/32, B/16 |",
                   "|---|" + "---|" * (len(names) + len(others) + 2)]
         for s in SETTINGS:
-            cells = [f"{stems[n][s]['test']:.2f} ({stems[n][s]['val']:.2f})" for n in names]
-            deltas = [f"{stems[f'delta_{o}'][s]:+.2f}" if f"delta_{o}" in stems else "—" for o in others]
+            cells = [f"{stems[n][s]['test']:.2f} ({stems[n][s]['val']:.2f}){_at_chance(stems[n][s])}" for n in names]
+            deltas = [f"{stems[f'delta_{o}'][s]['mean']:+.2f}" if f"delta_{o}" in stems else "—" for o in others]
             hps = "; ".join(f"{n}: {_hp(stems[n][s]['hparams'])}" for n in names)
             pd = ", ".join(f"{paper['values'][a][s]['dpn'] - paper['values'][a][s]['base']:+.1f}" for a in PAPER_ARCHS)
             lines.append(f"| {s} | " + " | ".join(cells + deltas) + f" | {hps} | {pd} |")

@@ -88,8 +88,9 @@ def cell_jobs(params: StudyParams, cell: Cell, data_dir: Path) -> list[dict]:
     for stem in cell.stems:
         spec = ModelSpec(arch=arch_name(cell.arch), stem=stem, placement=model.placement, block_norm=model.block_norm,
                          num_classes=n_classes, img_size=inp.image_size, in_chans=inp.channels, pool=model.pool,
-                         rep_size=model.rep_size, head_bias_init=model.head_bias_init, pos_drop_rate=model.dropout,
-                         proj_drop_rate=model.dropout, drop_path_rate=model.stoch_depth, posemb=model.posemb)
+                         rep_size=model.rep_size, head_bias_init=model.head_bias(n_classes),
+                         pos_drop_rate=model.dropout, proj_drop_rate=model.dropout, drop_path_rate=model.stoch_depth,
+                         posemb=model.posemb)
         for seed in cell.seeds:
             jobs.append({"spec": asdict(spec), "seed": seed, "input": inp.model_dump(), "train": train.model_dump(),
                          "data_dir": str(data_dir), "threads": params.threads_per_run,

@@ -27,7 +27,7 @@ def model_spec(cfg: SweepConfig, arch: str, stem: str) -> ModelSpec:
         arch=arch_name(arch), stem=stem, placement=m.placement, block_norm=m.block_norm,
         num_classes=cfg.data.num_classes,
         img_size=inp.image_size, in_chans=inp.channels, pool=m.pool, rep_size=m.rep_size,
-        head_bias_init=m.head_bias_init, pos_drop_rate=m.dropout, proj_drop_rate=m.dropout,
+        head_bias_init=m.head_bias(cfg.data.num_classes), pos_drop_rate=m.dropout, proj_drop_rate=m.dropout,
         drop_path_rate=m.stoch_depth, posemb=m.posemb,
     )
 

@@ -20,7 +20,7 @@ from dpnrepro.config.params import Params
 from dpnrepro.config.transfer import transfer_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import scratch_search
-from dpnrepro.transfer.sources import decoded_if_small, load_source, vtab_splits
+from dpnrepro.transfer.sources import decoded_if_small, load_source, task_classes, test_chance, vtab_splits
 from dpnrepro.transfer.tasks import get_task
 
 CKPT_ROOT = Path("checkpoints") / "sun397_scratch"
@@ -71,15 +71,18 @@ def run_scratch(params: Params, *, ctx=None, progress: bool = True) -> dict:
     if sp is None:
         raise ParamsError("params.yaml has no `sun397_scratch` section (Table 7)")
     task = get_task(TASK)
+    classes = task_classes(task, sp.data)
     # train and val (read by every candidate) in memory when they fit; test, scored once per step, streamed
     splits = {k: v if k == "test" else decoded_if_small(v) for k, v in
-              vtab_splits(task, load_source(sp.data.format, sp.data.source), names=("train", "val", "test")).items()}
+              vtab_splits(task, load_source(sp.data.format, sp.data.source), names=("train", "val", "test"),
+                          num_classes=classes).items()}
     inp0, model, train0 = transfer_config(params, sp.recipe)
     runtime = params.runtime
     device = pick_device(train0.device)
     grid, aug, longer = grids(sp)
     out = {"profile": params.profile, "hardware": hardware_label(), "task": TASK, "stand_in": sp.data.stand_in,
-           "examples": {k: len(v) for k, v in splits.items()}, "seed": sp.seed,
+           "num_classes": classes, "examples": {k: len(v) for k, v in splits.items()},
+           **test_chance(splits["test"]["label"], classes), "seed": sp.seed,
            "recipe": (f"{train0.optimizer}, batch {train0.batch_size}, {train0.steps} steps ({train0.warmup_steps} "
                       f"warm-up, {train0.schedule}), clip {train0.grad_clip:g}, {train0.loss}, {inp0.image_size}px"),
            "grid": grid, "aug_grid": aug, "longer": longer, "runs": {}}
@@ -95,8 +98,8 @@ def run_scratch(params: Params, *, ctx=None, progress: bool = True) -> dict:
                 inp = search_input(inp, hp)
                 dropout = hp.get("dropout", model.dropout)
                 spec = ModelSpec(arch=arch_name(arch), stem=stem, placement=model.placement,
-                                 num_classes=task.num_classes, img_size=inp.image_size, in_chans=inp.channels,
-                                 pool=model.pool, rep_size=model.rep_size, head_bias_init=model.head_bias_init,
+                                 num_classes=classes, img_size=inp.image_size, in_chans=inp.channels,
+                                 pool=model.pool, rep_size=model.rep_size, head_bias_init=model.head_bias(classes),
                                  pos_drop_rate=dropout, proj_drop_rate=dropout, drop_path_rate=model.stoch_depth,
                                  posemb=model.posemb)
                 trained = train_classifier(spec, splits[split], inp, cfg, seed=seed, runtime=runtime, progress=False,

@@ -42,12 +42,31 @@ def load_source(fmt: str, source: str):
     raise DatasetError(f"unknown task source format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def vtab_splits(task: VtabTask, source, names=("train800", "val200", "train800val200", "test")) -> dict:
+def task_classes(task: VtabTask, src) -> int:
+    """The class count of ``task`` read from ``src`` (a TaskSourceParams): the stand-in's own where it
+    declares fewer classes than the task has (MNIST's 10 standing in for Sun397's 397), else the task's."""
+    k = src.num_classes or task.num_classes
+    if k > task.num_classes:
+        raise DatasetError(f"{task.name} has {task.num_classes} classes; its source {src.source} declares {k}")
+    return k
+
+
+def test_chance(labels, num_classes: int) -> dict:
+    """A test split's chance rate: ``majority_test`` (%, the accuracy of always predicting its most frequent
+    class: the score of a model that learned nothing) and ``classes_in_test``."""
+    import numpy as np
+
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes)
+    return {"classes_in_test": int((counts > 0).sum()), "majority_test": 100.0 * int(counts.max()) / int(counts.sum())}
+
+
+def vtab_splits(task: VtabTask, source, names=("train800", "val200", "train800val200", "test"), *,
+                num_classes: int | None = None) -> dict:
     """``{name: Dataset(image, label)}`` of ``task`` from the DatasetDict ``source``.
 
     Each split is a ``select`` of the source rows the task's split rule names (so the examples keep
     their source identity: ``train800`` and ``val200`` never share a row), with ``label`` set by the
-    task's label rule.
+    task's label rule; ``num_classes`` (a stand-in's, :func:`task_classes`) bounds the labels further.
     """
     import datasets
 
@@ -64,13 +83,14 @@ def vtab_splits(task: VtabTask, source, names=("train800", "val200", "train800va
             # files into the source directory, which is a DVC output (it would change under DVC's feet)
             parts.append(source[sl.split].select(sl.indices(len(source[sl.split])), keep_in_memory=True))
         ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-        out[name] = with_vtab_labels(task, ds)
+        out[name] = with_vtab_labels(task, ds, num_classes)
     return out
 
 
-def with_vtab_labels(task: VtabTask, ds):
+def with_vtab_labels(task: VtabTask, ds, num_classes: int | None = None):
     """``ds`` reduced to ``image`` and the task's ``label`` (computed from the raw fields when present),
-    its images through the task's pixel rule when it has one (dSprites: 0/1 -> 0/255, RGB)."""
+    its images through the task's pixel rule when it has one (dSprites: 0/1 -> 0/255, RGB). Labels at or
+    above ``num_classes`` (a stand-in's class count) are an error."""
     import hashlib
 
     import datasets
@@ -79,6 +99,8 @@ def with_vtab_labels(task: VtabTask, ds):
         raise DatasetError(f"{task.name}: the source has no `image` column (columns: {ds.column_names})")
     other = [c for c in ds.column_names if c != "image"]
     labels = [task.label_of(row) for row in ds.select_columns(other)]
+    if num_classes is not None and labels and max(labels) >= num_classes:
+        raise DatasetError(f"{task.name}: label {max(labels)} in a source declared to have {num_classes} classes")
     # in memory, not as cache files next to the source (see vtab_splits)
     ds = ds.select_columns(["image"]).flatten_indices(keep_in_memory=True)
     if task.pixels is not None:

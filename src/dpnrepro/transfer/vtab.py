@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from dpnrepro.artifacts import read_spec, run_dir
@@ -21,7 +20,7 @@ from dpnrepro.config.params import Params
 from dpnrepro.config.transfer import VTAB_INIT_SWEEP, vtab_config
 from dpnrepro.errors import ParamsError
 from dpnrepro.transfer.protocol import vtab_protocol
-from dpnrepro.transfer.sources import decoded_if_small, load_source, vtab_splits
+from dpnrepro.transfer.sources import decoded_if_small, load_source, task_classes, test_chance, vtab_splits
 from dpnrepro.transfer.tasks import get_task
 
 CKPT_ROOT = Path("checkpoints") / "vtab"
@@ -36,7 +35,11 @@ def recipe_line(inp, model, train) -> str:
             f"({train.warmup_steps} warm-up, {train.schedule}), clip {train.grad_clip:g}, {train.loss}, "
             f"{inp.image_size}px{' inception crop (train),' if inp.inception_crop else ''} "
             f"{'whole frame resized (squash)' if inp.squash else 'resize_small | central crop'}"
-            f"{', flip' if inp.flip else ''}, head re-initialised (bias {model.head_bias_init:g})")
+            f"{', flip' if inp.flip else ''}, head re-initialised (bias {bias_text(model.head_bias_init)})")
+
+
+def bias_text(head_bias_init) -> str:
+    return "logit(1/K), K the task's classes" if head_bias_init == "prior" else f"{head_bias_init:g}"
 
 
 def run_vtab(params: Params, *, ctx=None, progress: bool = True) -> dict:
@@ -65,22 +68,21 @@ def run_vtab(params: Params, *, ctx=None, progress: bool = True) -> dict:
                desc="vtab fine-tunes", unit="run", disable=not progress, dynamic_ncols=True)
     for name, task in tasks.items():
         src = vp.tasks[name]
+        classes = task_classes(task, src)
         # the fine-tune splits (at most 1000 examples) in memory; test, scored once per model, streamed
-        splits = {k: v if k == "test" else decoded_if_small(v)
-                  for k, v in vtab_splits(task, load_source(src.format, src.source)).items()}
-        test_labels = np.bincount(splits["test"]["label"], minlength=task.num_classes)
-        entry = {"group": task.group, "num_classes": task.num_classes, "reference": task.reference,
+        splits = {k: v if k == "test" else decoded_if_small(v) for k, v in
+                  vtab_splits(task, load_source(src.format, src.source), num_classes=classes).items()}
+        entry = {"group": task.group, "num_classes": classes, "reference": task.reference,
                  "stand_in": src.stand_in, "examples": {k: len(v) for k, v in splits.items()},
-                 "classes_in_test": int((test_labels > 0).sum()),
-                 "majority_test": 100.0 * int(test_labels.max()) / int(test_labels.sum()), "runs": {}}
+                 **test_chance(splits["test"]["label"], classes), "runs": {}}
         for arch in vp.archs:
             for stem in vp.stems:
                 pretrained = run_dir(VTAB_INIT_SWEEP, arch, stem, vp.init_seed)
                 base = read_spec(pretrained)
                 if base.in_chans != inp.channels:
                     raise ParamsError(f"vtab: input.channels {inp.channels} but {pretrained} takes {base.in_chans}")
-                spec = replace(base, num_classes=task.num_classes, img_size=inp.image_size,
-                               head_bias_init=model.head_bias_init, pos_drop_rate=model.dropout,
+                spec = replace(base, num_classes=classes, img_size=inp.image_size,
+                               head_bias_init=model.head_bias(classes), pos_drop_rate=model.dropout,
                                proj_drop_rate=model.dropout, drop_path_rate=model.stoch_depth)
                 init = pretrained_init(pretrained)
 
