@@ -34,6 +34,17 @@ def test_dvc_yaml_is_what_the_generator_writes():
         assert path.read_text() == text, f"{path.name}: run `python -m dpnrepro.pipeline`"
 
 
+def test_every_lock_records_exactly_the_stages_of_its_dvc_yaml():
+    """DVC never drops a lock entry of a stage removed from dvc.yaml (the old `fingerprints` stage stayed in
+    dvc.lock, outputs and all): a stale entry makes the committed lock disagree with a fresh `dvc repro`."""
+    for path in pipeline.render_all():
+        lock = path.with_name("dvc.lock")
+        if lock.exists():
+            defined = set(yaml.safe_load(path.read_text())["stages"])
+            recorded = set(yaml.safe_load(lock.read_text())["stages"])
+            assert recorded == defined, f"{lock}: stale {sorted(recorded - defined)}, missing {sorted(defined - recorded)}"
+
+
 def test_the_paper_pipeline_runs_no_benchmark():
     """`dvc repro` (the root dvc.yaml) rebuilds the paper; wall-clock timings live in benchmarks/dvc.yaml,
     run from the project root."""

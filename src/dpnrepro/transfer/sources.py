@@ -9,6 +9,7 @@ cuts VTAB's splits out of them and the task's label rule gives each example its 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -91,7 +92,6 @@ def with_vtab_labels(task: VtabTask, ds, num_classes: int | None = None):
     """``ds`` reduced to ``image`` and the task's ``label`` (computed from the raw fields when present),
     its images through the task's pixel rule when it has one (dSprites: 0/1 -> 0/255, RGB). Labels at or
     above ``num_classes`` (a stand-in's class count) are an error."""
-    import hashlib
 
     import datasets
 
@@ -143,6 +143,16 @@ class DecodedSplit:
 
     def __getitem__(self, i: int) -> dict:
         return {"image": self.images[i], "label": self.labels[i]}
+
+    def select(self, indices) -> "DecodedSplit":
+        """The rows ``indices``, in that order, as ``datasets.Dataset.select`` gives them (an evaluation
+        shard under torchrun: :func:`dpnrepro.data.loader.eval_batches`); the decoded images are shared."""
+        indices = list(indices)
+        part = object.__new__(DecodedSplit)
+        part.images, part.labels = [self.images[i] for i in indices], [self.labels[i] for i in indices]
+        rows = hashlib.sha256(repr(indices).encode()).hexdigest()[:16]
+        part._fingerprint = f"{self._fingerprint}:select:{rows}"
+        return part
 
 
 def decoded_if_small(ds, budget: int = DECODE_BUDGET_BYTES):
