@@ -45,6 +45,19 @@ def test_every_lock_records_exactly_the_stages_of_its_dvc_yaml():
             assert recorded == defined, f"{lock}: stale {sorted(recorded - defined)}, missing {sorted(defined - recorded)}"
 
 
+def test_every_png_a_pipeline_writes_is_an_image_plot_of_its_dvc_yaml():
+    """`dvc plots show` renders every figure: the paper's and the study's (its dvc.yaml runs from the root,
+    so its plot paths climb back from study/)."""
+    for path, text in pipeline.render_all().items():
+        doc = yaml.safe_load(text)
+        pngs = {out for body in doc["stages"].values() for o in body.get("outs", [])
+                for out in (o if isinstance(o, dict) else {o: None}) if out.endswith(".png")}
+        prefix = "" if path == pipeline.DVC_YAML else "../"
+        plotted = {next(iter(plot)) for plot in doc.get("plots", [])}
+        assert {prefix + png for png in pngs} <= plotted, f"{path.name}: {sorted(pngs)} not all plotted"
+    assert "../reports/study.png" in {next(iter(p)) for p in yaml.safe_load(pipeline.STUDY_DVC_YAML.read_text())["plots"]}
+
+
 def test_the_paper_pipeline_runs_no_benchmark():
     """`dvc repro` (the root dvc.yaml) rebuilds the paper; wall-clock timings live in benchmarks/dvc.yaml,
     run from the project root."""

@@ -291,9 +291,14 @@ def plots(params) -> list[dict]:
                            "template": "bar_horizontal", "title": "Fig. 2 (a): gradient norm vs depth"}},
         {"figure2_embedding": {"x": "step", "y": {FIGURE_CSVS[1]: ["base", "dpn"]},
                                "title": "Fig. 2 (b): stem gradient norm over training"}}]
-    pngs = [next(iter(o)) for body in stages().values() for o in body.get("outs", [])
+    return [*curve_plots(params), *figure_csvs, *image_plots(stages())]
+
+
+def image_plots(stages: dict, prefix: str = "") -> list[dict]:
+    """Every PNG the ``stages`` write, as DVC image plots (``prefix``: from the stages' ``wdir`` back to the
+    dvc.yaml's directory, whose top-level plot paths are relative to it)."""
+    return [{prefix + next(iter(o)): {}} for body in stages.values() for o in body.get("outs", [])
             if isinstance(o, dict) and next(iter(o)).endswith(".png")]
-    return [*curve_plots(params), *figure_csvs, *({png: {}} for png in pngs)]
 
 
 def render() -> str:
@@ -316,11 +321,12 @@ STUDY_HEADER = """\
 
 def render_all() -> dict:
     """{path: text} of every generated pipeline file."""
-    def dump(stages: dict) -> str:
-        return yaml.safe_dump({"stages": stages}, sort_keys=False, width=120)
+    def dump(stages: dict, **top) -> str:
+        return yaml.safe_dump({"stages": stages, **top}, sort_keys=False, width=120)
 
+    study = study_stages()  # its figure as an image plot (`dvc plots show` collects every dvc.yaml)
     return {DVC_YAML: render(), BENCHMARKS_DVC_YAML: BENCHMARKS_HEADER + dump(benchmark_stages()),
-            STUDY_DVC_YAML: STUDY_HEADER + dump(study_stages())}
+            STUDY_DVC_YAML: STUDY_HEADER + dump(study, plots=image_plots(study, prefix="../"))}
 
 
 def main(argv=None) -> int:
