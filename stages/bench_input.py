@@ -48,6 +48,11 @@ def main() -> None:
     res = run_input_benchmark(**settings.model_dump(), progress=not args.no_progress)
     write_json_atomic(out_json, res)
     write_text_atomic(out_md, render_markdown(res))
+    if not overrides:  # the stage's run: its headline is a DVC metric (benchmarks/dvc.yaml)
+        from dpnrepro.benchmarks.headline import input_headline
+        from dpnrepro.reports.headline import write_headline
+
+        write_headline("input_pipeline", input_headline(res))
     b, sp = res["backends"], res["speedups"]
     print(f"pil {b['pil']['img_per_s_per_core']:.1f} img/s/core, fast {b['fast']['img_per_s_per_core']:.1f} "
           f"({sp['fast_over_pil']['median']:.2f}x, {sp['fast_over_pil']['resolved']}), fast on pre-decoded uint8 "

@@ -44,6 +44,11 @@ def main() -> None:
                            progress=not args.no_progress)
     write_json_atomic(out_json, result)
     write_text_atomic(out_md, render_markdown(result))
+    if not custom:  # the stage's run: its headline is a DVC metric (benchmarks/dvc.yaml)
+        from dpnrepro.benchmarks.headline import throughput_headline
+        from dpnrepro.reports.headline import write_headline
+
+        write_headline("benchmarks", throughput_headline(result))
     print(f"wrote {out_json}, {out_md} ({result['device']})")
 
 

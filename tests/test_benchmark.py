@@ -184,3 +184,30 @@ def test_oom_in_a_timing_round_drops_only_that_model(monkeypatch):
     assert len(rows["dpn"]["ms_per_step_rounds"]) == 6 and len(rows["conv"]["ms_per_step_rounds"]) == 6
     assert set(res["comparisons"]["Mu-7"]) == {"dpn_vs_conv"}
     assert "| Mu-7 | linear | | | | | | | CUDA out of memory in timing round 2" in render_markdown(res)
+
+
+def test_the_benchmarks_headline_is_cut_from_their_results_and_is_their_only_dvc_metric():
+    """`dvc metrics diff` on benchmarks/dvc.yaml shows img/s, MFU and the paired comparisons, not 20 rounds of
+    ratios per comparison; the numbers are the detail's own."""
+    import json
+
+    import yaml
+
+    from dpnrepro.benchmarks.headline import input_headline, throughput_headline
+    from helpers import REPO
+
+    result = json.loads((REPO / "metrics/benchmarks.json").read_text())
+    head = throughput_headline(result)
+    for arch, models in result["results"].items():
+        assert {m: head[arch][m]["img_per_s"] for m in models} == {m: r["img_per_s"] for m, r in models.items()}
+        for name, c in result["comparisons"][arch].items():
+            assert head[arch][name] == {"median_pct": c["median_pct"], "ci_pct": c["ci_pct"], "resolved": c["resolved"]}
+    res = json.loads((REPO / "metrics/input_pipeline.json").read_text())
+    inp = input_headline(res)
+    assert inp["img_per_s_per_core"] == {k: b["img_per_s_per_core"] for k, b in res["backends"].items()}
+    assert inp["fast_over_pil"]["median"] == res["speedups"]["fast_over_pil"]["median"]
+    stages = yaml.safe_load((REPO / "benchmarks/dvc.yaml").read_text())["stages"]
+    assert [next(iter(m)) for m in stages["benchmark"]["metrics"]] == ["metrics/headline/benchmarks.json"]
+    assert [next(iter(m)) for m in stages["bench_input"]["metrics"]] == ["metrics/headline/input_pipeline.json"]
+    for name, fn, detail in (("benchmarks", throughput_headline, result), ("input_pipeline", input_headline, res)):
+        assert json.loads((REPO / f"metrics/headline/{name}.json").read_text()) == json.loads(json.dumps(fn(detail)))

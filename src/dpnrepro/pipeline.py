@@ -141,12 +141,16 @@ def benchmark_stages() -> dict:
     """Wall-clock measurements, kept out of the paper's pipeline (benchmarks/dvc.yaml, run from the
     project root): `dvc repro` rebuilds the tables and figures without them; `dvc repro
     benchmarks/dvc.yaml` (or `dvc repro -P`) runs them."""
+    from dpnrepro.reports.headline import headline_path
+
     bench = _stage(
         "stages/benchmark.py", params=["benchmark", "train.optimizer", "train.lr", "train.weight_decay",
                                        "train.grad_clip"],
-        outs=uncached(["reports/benchmarks.md", "metrics/benchmarks.json"]))
+        outs=uncached(["reports/benchmarks.md", "metrics/benchmarks.json"]),
+        metrics=[headline_path("benchmarks").as_posix()])
     bench_input = _stage(
-        "stages/bench_input.py", outs=uncached(["reports/input_pipeline.md", "metrics/input_pipeline.json"]))
+        "stages/bench_input.py", outs=uncached(["reports/input_pipeline.md", "metrics/input_pipeline.json"]),
+        metrics=[headline_path("input_pipeline").as_posix()])
     return {"benchmark": {"wdir": "..", **bench}, "bench_input": {"wdir": "..", **bench_input}}
 
 
