@@ -37,7 +37,8 @@ def main() -> None:
         v is not None for v in (args.num_classes, args.peak_tflops))
     out_json, out_md = output_paths(args, custom, "benchmark", STAGE_OUTS, CLI_OUTS, "params.yaml")
 
-    from dpnrepro.benchmarks.train_throughput import render_markdown, run_benchmark
+    from dpnrepro.benchmarks.throughput_report import render_markdown
+    from dpnrepro.benchmarks.train_throughput import run_benchmark
 
     result = run_benchmark(**bench.model_dump(), num_classes=args.num_classes or 1000, optim_cfg=params.train,
                            peak_tflops=args.peak_tflops, hardware=hardware_label(measured_on=True),

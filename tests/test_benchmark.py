@@ -11,11 +11,9 @@ import pytest
 import torch
 from helpers import REPO
 
-from dpnrepro.benchmarks.train_throughput import (
-    measure_matmul_tflops,
-    render_markdown,
-    run_benchmark,
-)
+from dpnrepro.benchmarks.contenders import measure_matmul_tflops
+from dpnrepro.benchmarks.throughput_report import render_markdown
+from dpnrepro.benchmarks.train_throughput import run_benchmark
 from dpnrepro.errors import UserError
 
 TINY = {"batch_size": 2, "warmup_steps": 1, "rounds": 6, "steps_per_round": 1, "device": "cpu", "img_size": 28,
@@ -165,8 +163,9 @@ def test_oom_in_a_timing_round_drops_only_that_model(monkeypatch):
     """A GPU OOM while the arch's models are resident (simulated on CPU) gives that model an error row; the
     others finish their rounds and are still compared."""
     from dpnrepro.benchmarks import train_throughput as tt
+    from dpnrepro.benchmarks.contenders import Contender
 
-    real_block = tt._Contender.time_block
+    real_block = Contender.time_block
     calls = {"n": 0}
 
     def flaky_block(self, steps):
@@ -176,8 +175,8 @@ def test_oom_in_a_timing_round_drops_only_that_model(monkeypatch):
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_block(self, steps)
 
-    monkeypatch.setattr(tt._Contender, "time_block", flaky_block)
-    monkeypatch.setattr(tt, "_is_cuda_oom", lambda exc, device: "out of memory" in str(exc))
+    monkeypatch.setattr(Contender, "time_block", flaky_block)
+    monkeypatch.setattr(tt, "is_cuda_oom", lambda exc, device: "out of memory" in str(exc))
     res = run_benchmark(["Mu-7"], ["conv", "linear", "dpn"], timm_reference=False, measure_matmul=False, **TINY)
     rows = res["results"]["Mu-7"]
     assert "round 2" in rows["linear"]["error"]

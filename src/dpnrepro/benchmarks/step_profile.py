@@ -21,7 +21,7 @@ def profile_step(arch: str, stem: str = "dpn", *, batch_size: int = 256, img_siz
                  compile: bool = False, cudagraphs: bool = False, top: int = 25) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from dpnrepro.benchmarks.train_throughput import DEFAULT_OPTIM, _Contender, photo_batch
+    from dpnrepro.benchmarks.contenders import DEFAULT_OPTIM, Contender, photo_batch
     from dpnrepro.models import build_vit
     from dpnrepro.training.losses import one_hot_targets
 
@@ -30,8 +30,8 @@ def profile_step(arch: str, stem: str = "dpn", *, batch_size: int = 256, img_siz
     images = photo_batch(batch_size, img_size).to(dev)
     targets = one_hot_targets(torch.randint(0, 1000, (batch_size,), device=dev), 1000)
     model = build_vit(arch.replace("-", "/"), stem=stem, img_size=img_size, num_classes=1000).to(dev)
-    c = _Contender(model, arch, images, targets, optim_cfg=DEFAULT_OPTIM, grad_clip=1.0, compile_model=compile,
-                   cudagraphs=cudagraphs)
+    c = Contender(model, arch, images, targets, optim_cfg=DEFAULT_OPTIM, grad_clip=1.0, compile_model=compile,
+                  cudagraphs=cudagraphs)
     c.warm_up(5)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
