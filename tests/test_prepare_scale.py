@@ -185,3 +185,78 @@ def test_training_reads_the_same_tensors_from_source_as_from_the_copy(tmp_path, 
     for i in range(len(views[0])):
         (a, ya), (b, yb) = views[0][(i, 100 + i)], views[1][(i, 100 + i)]
         assert torch.equal(a, b) and ya == yb
+
+
+def _jft_folder(root, label_sets, order_seed=1):
+    """A JFT-style folder: ``train/`` images (one in a subfolder, one unlisted) and a metadata.jsonl whose
+    lines are in another order than the file names sort in."""
+    import random
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (root / "train" / "sub").mkdir(parents=True)
+    lines = []
+    for i, ids in enumerate(label_sets):
+        name = f"sub/{i}.jpg" if i == 3 else f"{i}.jpg"
+        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(root / "train" / name, quality=90)
+        lines.append(json.dumps({"file_name": name, "labels": ids, "note": f"x{i}"}))
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(root / "train" / "unlisted.jpg")
+    random.Random(order_seed).shuffle(lines)
+    (root / "train" / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+JFT_SETS = [[0], [1, 3], [2], [0, 2, 4], [4], [1], [3, 0], [2, 1], [4, 2], [0], [1], [3]]
+
+
+def _jft_cfg(root, **over):
+    return data_cfg(root, format="imagefolder", eval_split=None, num_classes=5, multi_label=True,
+                    minival_fraction=0.25, **over)
+
+
+def test_source_storage_reads_label_lists_from_metadata_as_copy_storage_does(tmp_path):
+    # datasets' imagefolder builder (copy storage) keeps the metadata's line order and skips unlisted files;
+    # the index must give the same examples in the same order, so the same manifest (counts, class balance,
+    # content hash) and the same label sets per split.
+    root = _jft_folder(tmp_path / "jft", JFT_SETS)
+    copy = prepare_dataset(_jft_cfg(root), tmp_path / "copy")
+    indexed = prepare_dataset(_jft_cfg(root, storage="source"), tmp_path / "index", workers=2)
+    assert indexed.pop("storage") == "source"
+    assert indexed == copy and copy["splits"]["train"]["examples"] + copy["splits"]["minival"]["examples"] == 12
+    for split in ("train", "minival"):
+        ds = load_split(tmp_path / "index", split)
+        assert isinstance(ds, SourceSplit) and ds.column_names == ["image", "labels"]
+        assert [list(x) for x in ds["labels"]] == [list(x) for x in load_split(tmp_path / "copy", split)["labels"]]
+    ds = load_split(tmp_path / "index", "train")
+    assert "train/sub/3.jpg" in [*ds.index["path"], *load_split(tmp_path / "index", "minival").index["path"]]
+    assert "train/unlisted.jpg" not in ds.index["path"]
+    row = ds[0]
+    with __import__("PIL.Image").Image.open(root / ds.index[0]["path"]) as ref:
+        assert np.array_equal(np.asarray(row["image"]), np.asarray(ref)) and row["labels"] == ds.index[0]["labels"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"file_name": "0.jpg", "labels": [0]', "metadata.jsonl:2: not a JSON object"),
+    ('{"labels": [0]}', 'metadata.jsonl:2: needs "file_name"'),
+    ('{"file_name": "../x.jpg", "labels": [0]}', 'metadata.jsonl:2: needs "file_name"'),
+    ('{"file_name": "0.jpg", "labels": ["cat"]}', 'metadata.jsonl:2: "labels" must be a list of class ids'),
+    ('{"file_name": "0.jpg", "label": 2}', "metadata.jsonl:2: has label fields \\['label'\\]"),
+    ('{"file_name": "missing.jpg", "labels": [0]}', "corrupt image .*missing.jpg: FileNotFoundError"),
+])
+def test_a_bad_metadata_line_is_one_line_naming_it_and_nothing_is_written(tmp_path, line, message):
+    root = _jft_folder(tmp_path / "jft", JFT_SETS[:4])
+    meta = root / "train" / "metadata.jsonl"
+    first = meta.read_text().splitlines()[0]
+    meta.write_text(first + "\n" + line + "\n")
+    out = tmp_path / "prepared"
+    with pytest.raises(DatasetError, match=message) as err:
+        prepare_dataset(_jft_cfg(root, storage="source"), out, workers=1)
+    assert "\n" not in str(err.value) and not out.exists() and not list(tmp_path.glob("prepared*"))
+
+
+def test_metadata_forms_the_index_does_not_read_are_one_clear_error(tmp_path):
+    root = _jft_folder(tmp_path / "jft", JFT_SETS[:4])
+    (root / "train" / "sub" / "metadata.jsonl").write_text('{"file_name": "3.jpg", "labels": [1]}\n')
+    with pytest.raises(DatasetError, match="sub/metadata.jsonl: data.storage: source reads one metadata.jsonl"):
+        prepare_dataset(_jft_cfg(root, storage="source"), tmp_path / "out", workers=1)

@@ -4,7 +4,11 @@
 with their image bytes (Arrow, ``save_to_disk``): for ImageNet-21k a second copy of ~1.3 TB that DVC
 hashes and caches. With ``storage: source`` it lists the ``<source>/<split>/<class>/<file>`` tree itself,
 checks every file in ``runtime.prepare_workers`` processes (read, sha256, full decode), and saves per
-split an *index*: the file's path relative to ``data.source``, its label(s) and its sha256. Counts, class
+split an *index*: the file's path relative to ``data.source``, its label(s) and its sha256. A split whose
+directory holds a ``metadata.jsonl`` (the JFT-style multi-label layout: lines ``{"file_name": "x.jpg",
+"labels": [3, 17]}``) is indexed from it instead, as ``datasets``' imagefolder builder reads it: the
+listed files in the file's line order, with their ``labels`` (and/or ``label``); files it does not list
+are not part of the split. Counts, class
 balance and the split's content hash in ``manifest.json`` are computed as in ``copy`` storage. Training
 and evaluation then read each image from the source folder (:class:`SourceSplit`), so moving the folder
 means editing ``data.source`` only.
@@ -16,6 +20,7 @@ a second time (the measured disk cost is in reports/input_folder.md), which is w
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -38,20 +43,88 @@ def _listing(split_dir: Path) -> dict[str, list[str]]:
     return out
 
 
+METADATA = "metadata.jsonl"  # datasets' imagefolder metadata file (its csv / parquet forms: storage copy)
+
+
+def _metadata_rows(split_dir: Path, src: str) -> dict[str, list]:
+    """``{"path": [...], "labels" and/or "label": [...]}`` of a split's ``metadata.jsonl``, in line order;
+    every line must carry a relative ``file_name`` and the same label fields, of class ids."""
+    meta = split_dir / METADATA
+    rows: dict[str, list] = {"path": []}
+    fields = None
+    with open(meta, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{meta}:{n}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{where}: not a JSON object ({exc.msg}); fix the line") from None
+            name = rec.get("file_name") if isinstance(rec, dict) else None
+            if not isinstance(name, str) or not name or name.startswith("/") or ".." in Path(name).parts:
+                raise DatasetError(f"{where}: needs \"file_name\", a path relative to {split_dir}")
+            found = tuple(k for k in ("label", "labels") if k in rec)
+            if fields is None:
+                fields = found
+                rows.update({k: [] for k in fields})
+            elif found != fields:
+                raise DatasetError(f"{where}: has label fields {list(found)}, the lines before {list(fields)}; "
+                                   "every line must carry the same ones")
+            if "label" in rec and not (isinstance(rec["label"], int) and not isinstance(rec["label"], bool)):
+                raise DatasetError(f"{where}: \"label\" must be a class id, not {rec['label']!r}")
+            if "labels" in rec and not (isinstance(rec["labels"], list)
+                                        and all(isinstance(c, int) and not isinstance(c, bool) for c in rec["labels"])):
+                raise DatasetError(f"{where}: \"labels\" must be a list of class ids, not {rec['labels']!r}")
+            rows["path"].append(f"{src}/{name}")
+            for k in fields:
+                rows[k].append(rec[k])
+    if not rows["path"]:
+        raise DatasetError(f"{meta} lists no files; list the split's images or remove it")
+    return rows
+
+
+def _unsupported_metadata(split_dir: Path) -> Path | None:
+    """A metadata file below the split's root, or one in a form this index does not read."""
+    for pattern in ("*/**/metadata.*", "metadata.csv", "metadata.parquet"):
+        found = next(iter(sorted(split_dir.glob(pattern))), None)
+        if found is not None:
+            return found
+    return None
+
+
 def index_image_folder(source: str | os.PathLike, splits: dict[str, str]) -> dict:
     """The index of an imagefolder tree as ``datasets.Dataset``s with ``path`` (relative to ``source``) and
     ``label`` (``ClassLabel`` of the train split's class folders, sorted) for each of ``splits``
-    ({our name: source split}); the first split names the classes."""
+    ({our name: source split}); the first split names the classes. Splits with a ``metadata.jsonl`` are
+    indexed from it (``path`` and its label fields); all splits must be of one kind."""
     import datasets
 
     root = Path(source)
     if not root.is_dir():
         raise DatasetError(f"dataset path {source} does not exist; fix data.source in params.yaml")
-    listings = {}
-    for name, src in splits.items():
+    for src in splits.values():
         if not (root / src).is_dir():
             raise DatasetError(f"image folder {root} has no split directory {src!r}; fix data.train_split / eval_split")
-        listings[name] = (src, _listing(root / src))
+        odd = _unsupported_metadata(root / src)
+        if odd is not None:
+            raise DatasetError(f"{odd}: data.storage: source reads one metadata.jsonl at a split's root; "
+                               "convert it, or use data.storage: copy")
+    with_meta = {name: (root / src / METADATA).is_file() for name, src in splits.items()}
+    if len(set(with_meta.values())) > 1:
+        raise DatasetError(f"image folder {root}: splits {sorted(k for k, v in with_meta.items() if v)} have a "
+                           f"{METADATA} and {sorted(k for k, v in with_meta.items() if not v)} class folders; "
+                           "use one layout for every split")
+    if all(with_meta.values()):
+        out = {}
+        for name, src in splits.items():
+            rows = _metadata_rows(root / src, src)
+            features = datasets.Features({"path": datasets.Value("string"),
+                                          **({"label": datasets.Value("int64")} if "label" in rows else {}),
+                                          **({"labels": datasets.List(datasets.Value("int64"))} if "labels" in rows else {})})
+            out[name] = datasets.Dataset.from_dict(rows, features=features)
+        return out
+    listings = {name: (src, _listing(root / src)) for name, src in splits.items()}
     classes = list(next(iter(listings.values()))[1])
     ids = {c: i for i, c in enumerate(classes)}
     features = datasets.Features({"path": datasets.Value("string"), "label": datasets.ClassLabel(names=classes)})
