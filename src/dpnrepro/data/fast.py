@@ -92,7 +92,7 @@ def inception_crop_params(height: int, width: int, scale=INCEPTION_SCALE, ratio=
     return tuple(RandomResizedCrop.get_params(shape_only, list(scale), list(ratio)))
 
 
-def _encoded(image) -> tuple[bytes | None, str, object]:
+def encoded_bytes(image) -> tuple[bytes | None, str, object]:
     """(bytes or None, name for errors, the input) for bytes / paths / ``datasets`` dicts / PIL images."""
     from PIL import Image
 
@@ -114,7 +114,7 @@ def open_image(image):
     """A lazily opened PIL image from bytes, a path, a ``datasets`` dict, or a PIL image (returned as is)."""
     from PIL import Image, UnidentifiedImageError
 
-    data, where, image = _encoded(image)
+    data, where, image = encoded_bytes(image)
     if data is None:
         return image
     try:
@@ -186,7 +186,7 @@ def decode(image, mode: str, size: int, crop: bool = True, scale=INCEPTION_SCALE
                                f"{pixels.dtype}")
         box = inception_crop_params(pixels.shape[0], pixels.shape[1], scale, sampler=sampler) if crop else None
         return pixels, box
-    data, where, image = _encoded(image)
+    data, where, image = encoded_bytes(image)
     wh = jpeg_size(data) if data is not None else None
     if wh is None:  # PIL input, or not a (parsable) JPEG
         im = image if data is None else open_image(data)

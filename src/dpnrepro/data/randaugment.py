@@ -152,7 +152,7 @@ def randaugment(spec: str, size: int, channels: int) -> SeededRandAugment:
     return SeededRandAugment(RandAugment(ops, nm["n"]))
 
 
-def _resample(kwargs) -> int:
+def resample_filter(kwargs) -> int:
     """timm's ``_interpolation``: one ``random.choice`` when the op has a tuple of filters."""
     from PIL import Image
 
@@ -203,25 +203,25 @@ def rotate_matrix(degrees: float, height: int, width: int) -> tuple | None:
 
 
 def _rotate(arr, degrees, **kw):
-    resample = _resample(kw)
+    resample = resample_filter(kw)
     matrix = rotate_matrix(degrees, *arr.shape[:2])
     return arr.copy() if matrix is None else _affine(arr, matrix, resample, kw["fillcolor"])
 
 
 def _shear_x(arr, factor, **kw):
-    return _affine(arr, (1, factor, 0, 0, 1, 0), _resample(kw), kw["fillcolor"])
+    return _affine(arr, (1, factor, 0, 0, 1, 0), resample_filter(kw), kw["fillcolor"])
 
 
 def _shear_y(arr, factor, **kw):
-    return _affine(arr, (1, 0, 0, factor, 1, 0), _resample(kw), kw["fillcolor"])
+    return _affine(arr, (1, 0, 0, factor, 1, 0), resample_filter(kw), kw["fillcolor"])
 
 
 def _translate_x_rel(arr, pct, **kw):
-    return _affine(arr, (1, 0, pct * arr.shape[1], 0, 1, 0), _resample(kw), kw["fillcolor"])
+    return _affine(arr, (1, 0, pct * arr.shape[1], 0, 1, 0), resample_filter(kw), kw["fillcolor"])
 
 
 def _translate_y_rel(arr, pct, **kw):
-    return _affine(arr, (1, 0, 0, 0, 1, pct * arr.shape[0]), _resample(kw), kw["fillcolor"])
+    return _affine(arr, (1, 0, 0, 0, 1, pct * arr.shape[0]), resample_filter(kw), kw["fillcolor"])
 
 
 _SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13.0
