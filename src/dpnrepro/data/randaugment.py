@@ -216,14 +216,6 @@ def _shear_y(arr, factor, **kw):
     return _affine(arr, (1, 0, 0, factor, 1, 0), resample_filter(kw), kw["fillcolor"])
 
 
-def _translate_x_rel(arr, pct, **kw):
-    return _affine(arr, (1, 0, pct * arr.shape[1], 0, 1, 0), resample_filter(kw), kw["fillcolor"])
-
-
-def _translate_y_rel(arr, pct, **kw):
-    return _affine(arr, (1, 0, 0, 0, 1, pct * arr.shape[0]), resample_filter(kw), kw["fillcolor"])
-
-
 _SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13.0
 
 
