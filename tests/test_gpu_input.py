@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dpnrepro.benchmarks.input_pipeline import load_photos
-from dpnrepro.data import fast
-from dpnrepro.data.fast import FastTrainTransform, decode, randaugment
+from dpnrepro.data.fast import FastTrainTransform, decode
 from dpnrepro.data.gpu import DeviceAugment, PlanBatch, PlanTransform, draw_op, upload
 from dpnrepro.data.gpu_ops import apply_batched, device_op_name
+from dpnrepro.data.randaugment import apply_op, op_args, randaugment
 from dpnrepro.errors import DatasetError, UserError
 
 BIGVISION, TIMM = "rand-n2-m15-tbigvision", "rand-m9-mstd0.5-inc1"
@@ -39,8 +39,8 @@ def photos():
 def test_plans_make_the_cpu_paths_draws(photos, monkeypatch, sampler, randaug):
     size = 256  # no reduced-scale decode on the CPU path: its box is in full-image pixels
     drawn = []
-    real_op_args = fast.op_args
-    monkeypatch.setattr(fast, "op_args", lambda op: drawn.append((op.name, real_op_args(op))) or drawn[-1][1])
+    monkeypatch.setattr("dpnrepro.data.randaugment.op_args",
+                        lambda op: drawn.append((op.name, op_args(op))) or drawn[-1][1])
     cpu = FastTrainTransform(size, 3, randaug=randaug, crop_sampler=sampler, uint8=True)
     plan = PlanTransform(size, 3, randaug=randaug, crop_sampler=sampler)
     flips = 0
@@ -121,7 +121,7 @@ def test_device_ops_match_the_cpu_path_and_pil(crops, spec):
         for seed in range(12):
             arr = crops[seed % len(crops)]
             (fast_out, fast_state), (pil_out, pil_state) = (
-                _seeded(lambda: fast.apply_op(op, arr.copy()), seed), _seeded(lambda: op(Image.fromarray(arr)), seed))
+                _seeded(lambda: apply_op(op, arr.copy()), seed), _seeded(lambda: op(Image.fromarray(arr)), seed))
             drawn, state = _seeded(lambda: draw_op(op, 224), seed)
             assert state[1] == fast_state[1] == pil_state[1], op.name  # the same Python draws, inside the op too
             if drawn is None:

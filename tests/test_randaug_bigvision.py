@@ -1,4 +1,4 @@
-"""``rand-n{n}-m{m}-tbigvision`` (data/fast.py ``randaugment``) against big_vision's ``randaug(n, m)``.
+"""``rand-n{n}-m{m}-tbigvision`` (data/randaugment.py ``randaugment``) against big_vision's ``randaug(n, m)``.
 
 Reference: ``big_vision/pp/archive/autoaugment.py`` (``distort_image_with_randaugment``, ``level_to_arg``
 and the op functions it calls) at google-research/big_vision commit
@@ -9,7 +9,7 @@ shifts clamp the shift to [0, 7] for uint8 (``tensorflow/core/kernels/cwise_ops.
 ``rotate`` / ``translate`` / ``transform`` default to nearest-neighbour interpolation.
 
 The tests drive timm's own objects (``AugmentOp.__call__``, its level functions and image functions) and
-the fast path's :func:`dpnrepro.data.fast.apply_op`, so a changed spec, hparam or timm version fails here.
+the fast path's :func:`dpnrepro.data.randaugment.apply_op`, so a changed spec, hparam or timm version fails here.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import yaml
 from helpers import REPO
 from PIL import Image
 
-from dpnrepro.data import fast
 from dpnrepro.data.loader import build_transform
+from dpnrepro.data.randaugment import apply_op, randaugment
 
 # ----------------------------------------------------------------------------- big_vision @ 0127fb6, as data
 BV_OPS = ["AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "Color", "Contrast",
@@ -168,7 +168,7 @@ def img() -> Image.Image:
 
 
 def bigvision(m: int, n: int = 2, size: int = BV_SIZE, channels: int = 3):
-    return fast.randaugment(f"rand-n{n}-m{m}-tbigvision", size, channels)
+    return randaugment(f"rand-n{n}-m{m}-tbigvision", size, channels)
 
 
 def op_named(ra, name):
@@ -267,7 +267,7 @@ def test_pixel_ops_match_big_vision_tf_code(img, m, name):
     arr = np.array(img)
     ref = TF_PIXEL_OPS[name](arr, *tf_effective(name, bv_level_to_arg(name, m))).astype(np.int16)
     max_tol, mean_tol = PIXEL_TOLERANCE.get(name, (0, 0.0))
-    for got in (np.asarray(op(img)), fast.apply_op(op, arr)):
+    for got in (np.asarray(op(img)), apply_op(op, arr)):
         diff = np.abs(got.astype(np.int16) - ref)
         assert diff.max() <= max_tol and diff.mean() <= mean_tol, (name, m, int(diff.max()), float(diff.mean()))
 
@@ -301,7 +301,7 @@ def test_cutout_is_big_vision_s(m):
         random.seed(seed)
         out = np.asarray(op(im))
         random.seed(seed)
-        assert np.array_equal(fast.apply_op(op, base), out)
+        assert np.array_equal(apply_op(op, base), out)
         mask = (out == REPLACE).all(axis=2)
         assert np.array_equal(out[~mask], base[~mask])
         if pad == 0:
@@ -394,7 +394,7 @@ def test_fast_path_runs_the_same_ops(img, m, channels):
             ref = np.asarray(op(im)).reshape(arr.shape).astype(np.int16)
             state = random.getstate()
             random.seed(seed)
-            got = fast.apply_op(op, arr).astype(np.int16)
+            got = apply_op(op, arr).astype(np.int16)
             assert random.getstate() == state, op.name
             diff = np.abs(got - ref)
             assert (diff > 0).mean() <= (0.005 if op.name == "Rotate" else 0.0), (op.name, (diff > 0).mean())
@@ -426,18 +426,18 @@ def test_whole_pipeline_pil_and_fast_agree():
                                   "augmix-n2-m15-tbigvision"])
 def test_big_vision_spelling_takes_only_n_and_m(spec):
     with pytest.raises(ValueError, match="only n"):
-        fast.randaugment(spec, 224, 3)
+        randaugment(spec, 224, 3)
 
 
 def test_timm_spellings_keep_timm_semantics():
     """DeiT's spec stays timm's RandAugment with create_transform's hparams."""
     from timm.data.auto_augment import _RAND_INCREASING_TRANSFORMS, _RAND_TRANSFORMS
 
-    deit = fast.randaugment("rand-m9-mstd0.5-inc1", 224, 3)
+    deit = randaugment("rand-m9-mstd0.5-inc1", 224, 3)
     assert [op.name for op in deit.ops] == _RAND_INCREASING_TRANSFORMS
     assert all(op.prob == 0.5 and op.magnitude == 9 and op.magnitude_std == 0.5 for op in deit.ops)
     assert deit.ops[0].hparams["translate_const"] == int(224 * 0.45)
-    plain = fast.randaugment("rand-n2-m15-mmax15", 224, 3)
+    plain = randaugment("rand-n2-m15-mmax15", 224, 3)
     assert [op.name for op in plain.ops] == _RAND_TRANSFORMS and plain.ops[0].prob == 0.5
 
 
@@ -461,4 +461,4 @@ def test_full_profile_spells_big_vision_randaug_with_its_own_op():
     bv = [v for v in values if v not in timm_specs]
     assert {v for v in bv} == {"rand-n2-m0-tbigvision", "rand-n2-m10-tbigvision", "rand-n2-m15-tbigvision"}
     for v in bv:
-        assert [op.name for op in fast.randaugment(v, 224, 3).ops] == BV_OPS
+        assert [op.name for op in randaugment(v, 224, 3).ops] == BV_OPS

@@ -138,7 +138,8 @@ def test_code_fingerprint_covers_exactly_the_train_stages_code_deps(tmp_path):
         f.write("\n# changed\n")
     assert code_fingerprint(root) == before
     for dep in ("src/dpnrepro/models/vision_transformer_dpn.py", "src/dpnrepro/data/fast.py",
-                "src/dpnrepro/training/losses.py", "src/dpnrepro/config/sweeps.py", "stages/train.py"):
+                "src/dpnrepro/data/randaugment.py", "src/dpnrepro/training/losses.py",
+                "src/dpnrepro/config/sweeps.py", "stages/train.py"):
         assert dep in files
         with open(root / dep, "a") as f:
             f.write("\n# changed\n")

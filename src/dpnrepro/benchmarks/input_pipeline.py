@@ -258,9 +258,10 @@ def render_markdown(res: dict) -> str:
         f"`fast` from the pixel store {speed('fast_pixels_over_pil')}.",
         "",
         "Same samplers and RNG draws in both backends (same crop box, flip, RandAugment ops and magnitudes for "
-        "one seed); approximations of `fast` are listed in `src/dpnrepro/data/fast.py` (OpenCV's bicubic/bilinear "
-        "kernels for Rotate/ShearX/ShearY, ≲1 grey level mean abs difference; DCT-domain pre-downscale for "
-        "crops ≥ 2x the output size, never at 224 px from these ~500 px photos).",
+        "one seed); approximations of `fast` are listed in `src/dpnrepro/data/fast.py` and "
+        "`src/dpnrepro/data/randaugment.py` (OpenCV's bicubic/bilinear kernels for Rotate/ShearX/ShearY, "
+        "≲1 grey level mean abs difference; DCT-domain pre-downscale for crops ≥ 2x the output size, never at "
+        "224 px from these ~500 px photos).",
         "",
         "Every CPU input path on a JPEG folder read from disk (the full profile's `crop_sampler: big_vision` "
         "included), the cores each needs for B/16's rate, and `prepare` of the folder per `data.storage`: "

@@ -6,7 +6,7 @@ Split of the work (same op chain as ``pil`` / ``fast``: inception crop → flip 
   JPEG bytes, parse the header and make every random draw of the CPU path, in its order and from its
   generators: the crop box (:func:`dpnrepro.data.fast.inception_crop_params`), the flip
   (``torch.rand(1) < 0.5``), the RandAugment ops (:meth:`SeededRandAugment.choose`), their level arguments
-  (:func:`dpnrepro.data.fast.op_args`) and the draws timm makes inside an op (the filter of a geometric op,
+  (:func:`dpnrepro.data.randaugment.op_args`) and the draws timm makes inside an op (the filter of a geometric op,
   Cutout's centre). No pixel is decoded there, except for non-JPEG files (PNG), which are decoded to uint8
   because the device decoder takes JPEG only; pre-decoded pixel-store arrays pass as they are.
 * **The main process** (:class:`DeviceAugment`) decodes the batch's JPEGs in one call on the device
@@ -64,7 +64,7 @@ class PlanBatch(NamedTuple):
 def draw_op(op, size: int):
     """(device op name, level args, extra) of one timm ``AugmentOp`` applied to a ``size x size`` image,
     consuming Python ``random`` exactly as the CPU path's call does; None when the op is skipped."""
-    from dpnrepro.data.fast import _resample, op_args
+    from dpnrepro.data.randaugment import op_args, resample_filter
     from dpnrepro.data.gpu_ops import GEOMETRIC, device_op_name
 
     name = device_op_name(op)
@@ -73,7 +73,7 @@ def draw_op(op, size: int):
         return None
     extra = {"fill": tuple(op.kwargs.get("fillcolor", (128,)))}
     if name in GEOMETRIC:  # timm's _check_args_tf: one random.choice when the op has a tuple of filters
-        extra["resample"] = int(_resample(op.kwargs))
+        extra["resample"] = int(resample_filter(op.kwargs))
     elif name == "Cutout":  # the centre, drawn before the size check as the CPU op does
         extra["centre"] = (random.randrange(size), random.randrange(size))
     return name, tuple(args), extra
@@ -86,8 +86,9 @@ class PlanTransform:
 
     def __init__(self, size: int, channels: int, *, flip: bool = True, randaug: str = "",
                  crop_min_area: float = 0.05, crop_sampler: str = "torchvision"):
-        from dpnrepro.data.fast import MODES, randaugment
+        from dpnrepro.data.fast import MODES
         from dpnrepro.data.gpu_ops import device_op_name
+        from dpnrepro.data.randaugment import randaugment
 
         self.size, self.channels, self.mode = size, channels, MODES[channels]
         self.flip, self.scale, self.crop_sampler = flip, (crop_min_area, 1.0), crop_sampler
@@ -96,12 +97,12 @@ class PlanTransform:
             device_op_name(op)  # unsupported ops fail here, at construction
 
     def __call__(self, image) -> Plan:
-        from dpnrepro.data.fast import _encoded, decode, inception_crop_params, jpeg_size
+        from dpnrepro.data.fast import decode, encoded_bytes, inception_crop_params, jpeg_size
 
         if isinstance(image, (np.ndarray, torch.Tensor)):
             data, wh, where = None, None, "<pixels>"
         else:
-            data, where, _ = _encoded(image)
+            data, where, _ = encoded_bytes(image)
             wh = jpeg_size(data) if data is not None else None
         if wh is not None:
             payload = bytes(data)

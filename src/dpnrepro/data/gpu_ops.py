@@ -1,8 +1,9 @@
 """RandAugment ops on a batch of uint8 images on any device (``input.backend: gpu``, :mod:`dpnrepro.data.gpu`).
 
 Each op takes ``x`` uint8 (n, C, H, W) and, per image, the level arguments and extra draws a worker drew
-(:func:`dpnrepro.data.gpu.draw_op`), and computes what the CPU path (:mod:`dpnrepro.data.fast`, which calls
-PIL / timm / OpenCV) computes, with the same integer and float32 arithmetic where PIL's is known:
+(:func:`dpnrepro.data.gpu.draw_op`), and computes what the CPU path computes
+(:func:`dpnrepro.data.randaugment.apply_op`, which calls PIL / timm / OpenCV), with the same integer and
+float32 arithmetic where PIL's is known:
 
 ================================  ====================================================================
 Invert, Posterize, Solarize,      exact (integer LUT arithmetic)
@@ -41,7 +42,7 @@ GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "Translat
 
 def device_op_name(op) -> str:
     """The device op computing timm ``AugmentOp`` ``op`` (by its image function: timm's or one of
-    :func:`dpnrepro.data.fast.randaugment`'s big_vision functions); a one-line error for others."""
+    :func:`dpnrepro.data.randaugment.randaugment`'s big_vision functions); a one-line error for others."""
     import timm.data.auto_augment as aa
 
     qualname = getattr(op.aug_fn, "__qualname__", "")
@@ -123,7 +124,7 @@ def color(x, params):
 
 
 def contrast_grey(x, params):
-    """big_vision's Contrast: towards the constant ``min(255, H W / 256)`` (fast.py's randaugment)."""
+    """big_vision's Contrast: towards the constant ``min(255, H W / 256)`` (randaugment.py's randaugment)."""
     grey = float(int(min(255.0, x.shape[2] * x.shape[3] / 256)))
     return _blend(torch.full((), grey, device=x.device), x, [f for (f,), _ in params])
 
@@ -195,7 +196,7 @@ def _fill(x: torch.Tensor, where: torch.Tensor, params) -> torch.Tensor:
 
 def _matrix(name: str, args, h: int, w: int) -> tuple | None:
     """PIL's inverse affine matrix of a geometric op (None: the identity, returned unchanged)."""
-    from dpnrepro.data.fast import rotate_matrix
+    from dpnrepro.data.randaugment import rotate_matrix
 
     (v,) = args
     if name == "Rotate":

@@ -34,7 +34,8 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
     """
     from torchvision.transforms import v2
 
-    from dpnrepro.data.fast import FastTrainTransform, randaugment
+    from dpnrepro.data.fast import FastTrainTransform
+    from dpnrepro.data.randaugment import randaugment
 
     size = cfg["image_size"]
     erase = []
