@@ -12,7 +12,10 @@ with seeded random weights: memory does not depend on what the weights are.
 
 The peak is the process's high-water RSS (``VmHWM``, :func:`peak_rss_kb`) at the end, with one thread
 and no loader workers; the RSS after imports and model load (``baseline``) is recorded next to it, so the
-part evaluation adds is visible. It counts the memory-mapped Arrow pages evaluation touches
+part evaluation adds is visible, and so is evaluation's wall time. Allocator modes (:data:`ALLOCATORS`):
+``trim`` is the code as it runs (:class:`dpnrepro.allocator.HeapTrimmed`), ``none`` the same without the
+trim (glibc's own policy), ``fixed`` without the trim but with glibc's mmap threshold fixed at 128 KiB
+(``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does), the alternative that was measured and not chosen. It counts the memory-mapped Arrow pages evaluation touches
 too (file-backed, reclaimable: a larger split's are more of them).
 
     python -m dpnrepro.benchmarks.eval_memory --image-size 28 56 --scales 1 10 --out reports/eval_memory.md
@@ -34,7 +37,8 @@ FMNIST = Path("/usr/share/datasets/fashion-mnist")
 SMOKE_SIZES = {"train": 4950, "minival": 50, "val": 1000}
 SOURCE_SPLIT = {"train": "train", "minival": "train", "val": "test"}  # minival: the train images after train's
 FEWSHOT_SWEEP = "i21k_93k"
-MMAP_THRESHOLD = 128 * 1024  # glibc's initial default, kept fixed
+ALLOCATORS = ("trim", "none", "fixed")
+MMAP_THRESHOLD = 128 * 1024  # glibc's initial value, kept fixed in mode `fixed`
 
 
 def build_prepared(out: Path, scale: int, source: Path = FMNIST) -> dict:
@@ -105,9 +109,16 @@ def _rss_kb() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "params.yaml") -> dict:
-    """Run the evaluation path in this process; its peak and baseline RSS (KiB) and its results."""
+def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "params.yaml",
+                  allocator: str = "trim") -> dict:
+    """Run the evaluation path in this process; its peak and baseline RSS (KiB), wall time and results.
+    ``allocator``: one of :data:`ALLOCATORS` (:func:`measure`)."""
+    import ctypes
+    import time
+
     import torch
+
+    from dpnrepro import allocator as heap
 
     from dpnrepro.artifacts import load_run_model
     from dpnrepro.config.sweeps import get_sweep, sweep_config
@@ -116,6 +127,9 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
 
     torch.set_num_threads(1)
+    heap.ENABLED = allocator == "trim"
+    if allocator == "fixed" and ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD) != 1:  # M_MMAP_THRESHOLD
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed: not glibc?")
     params = load_params(profile)
     arch = get_sweep(params, "table1").archs[0]
     cfg = sweep_config(params, "table1", arch)
@@ -125,27 +139,29 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     load_run_model(run)  # imports and first allocations before the baseline
     baseline = _rss_kb()
     kw = dict(batch_size=cfg.runtime.eval_batch_size, device="cpu", progress=False)
+    start = time.perf_counter()
     top1 = evaluate_run(run, prepared, input_cfg, **kw)
     few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
                                train_split=fs.train_split, test_split=fs.test_split, resize=resize,
                                pool_size=fs.pool_size, **kw)
-    return {"peak_rss_kb": peak_rss_kb(), "baseline_rss_kb": baseline,
+    seconds = time.perf_counter() - start
+    return {"peak_rss_kb": peak_rss_kb(), "baseline_rss_kb": baseline, "eval_seconds": round(seconds, 2),
             "val_examples": top1["val_examples"], "minival_examples": top1["minival_examples"],
             "fewshot_test_examples": few["fewshot_test_examples"], "fewshot_train_pool": few["fewshot_train_pool"],
             "batch_size": kw["batch_size"]}
 
 
-def measure(image_size: int, scales=(1, 10), *, mmap_threshold: int | None = None, repeats: int = 1,
+def measure(image_size: int, scales=(1, 10), *, allocator: str = "trim", repeats: int = 1,
             root: Path | None = None, profile: str = "params.yaml") -> dict:
     """``{scale: measurement}``: ``repeats`` fresh single-threaded processes per scale, on one shared run;
     ``peak_rss_kb`` is the lowest of their peaks (all in ``peak_rss_kb_runs``): a transient spike in one
     run does not count, a split kept in memory, which every run holds, still does.
 
-    ``mmap_threshold`` (bytes): glibc's ``MALLOC_MMAP_THRESHOLD_`` for the process. glibc's default raises
-    the threshold as large blocks are freed, so batch-sized buffers then come from the heap, whose
-    fragmentation lets RSS creep up by tens of MiB over more batches without anything being kept; a fixed
-    threshold returns every batch's buffers to the system when they are freed, which is what isolates
-    memory evaluation keeps."""
+    ``allocator``: ``trim`` (the code: the heap's free pages released after each batch), ``none`` (glibc's
+    dynamic mmap threshold alone, under which RSS creeps with the number of batches although nothing is
+    kept: :mod:`dpnrepro.allocator`) or ``fixed`` (no trim, a fixed 128 KiB mmap threshold)."""
+    if allocator not in ALLOCATORS:
+        raise UserError(f"allocator {allocator!r}: one of {', '.join(ALLOCATORS)}")
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         tmp = Path(tmp)
         run = build_run(tmp / "run", image_size, profile)
@@ -154,18 +170,17 @@ def measure(image_size: int, scales=(1, 10), *, mmap_threshold: int | None = Non
             sizes = build_prepared(tmp / f"x{scale}", scale)
             env = dict(os.environ, DPNREPRO_CPU_THREADS="1", OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1",
                        HF_HUB_OFFLINE="1")
-            if mmap_threshold is not None:
-                env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
+            env.pop("MALLOC_MMAP_THRESHOLD_", None)
             runs = []
             for _ in range(repeats):
                 proc = subprocess.run([sys.executable, "-m", "dpnrepro.benchmarks.eval_memory", "--child",
-                                       str(tmp / f"x{scale}"), str(run), str(image_size), profile],
+                                       str(tmp / f"x{scale}"), str(run), str(image_size), profile, allocator],
                                       capture_output=True, text=True, env=env)
                 if proc.returncode:
                     raise RuntimeError(f"evaluation at scale {scale} failed:\n{proc.stderr[-3000:]}")
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             best = min(runs, key=lambda m: m["peak_rss_kb"])
-            out[scale] = {"split_sizes": sizes, "mmap_threshold": mmap_threshold, **best,
+            out[scale] = {"split_sizes": sizes, "allocator": allocator, **best,
                           "peak_rss_kb_runs": [m["peak_rss_kb"] for m in runs]}
         return out
 
@@ -177,42 +192,47 @@ def render(results: list[dict], machine: str) -> str:
              "train → val, the few-shot pool fixed at the profile's 650) on real Fashion-MNIST splits at the smoke "
              "sizes (scale 1) and 10× larger, each in a fresh single-threaded process without loader workers "
              "(`python -m dpnrepro.benchmarks.eval_memory`; how it measures: the module's docstring). Baseline = RSS "
-             "after imports and model load. Allocator: glibc's default, or a fixed `MALLOC_MMAP_THRESHOLD_` "
-             f"(see `measure`). Machine: {machine}. Each row: the lowest peak of its runs (all listed).", "",
+             "after imports and model load. Allocator: `trim` is the code as it runs (glibc's free heap pages "
+             "released after each batch, `dpnrepro/allocator.py`), `none` the same without the trim, `fixed` "
+             "without the trim and with glibc's mmap threshold fixed at 128 KiB (the alternative not chosen). "
+             f"Machine: {machine}. Each row: the lowest peak of its runs (all listed), and that run's evaluation "
+             "wall time.", "",
              "| code | image size | allocator | scale | val / minival / train images | peak RSS (MiB), lowest | "
-             "baseline (MiB) | added by evaluation (MiB) | peak / scale-1 peak |", "|---|---|---|---|---|---|---|---|---|"]
+             "baseline (MiB) | added by evaluation (MiB) | peak / scale-1 peak | evaluation (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         by_scale = r["scales"]
         ref = by_scale[min(by_scale)]["peak_rss_kb"]
         for scale, m in by_scale.items():
             s = m["split_sizes"]
-            alloc = "default" if m["mmap_threshold"] is None else f"mmap ≥ {m['mmap_threshold'] // 1024} KiB"
-            lines.append(f"| {r['code']} | {r['image_size']} px | {alloc} | {scale}× | {s['val']:,} / {s['minival']:,} / "
+            lines.append(f"| {r['code']} | {r['image_size']} px | {m['allocator']} | {scale}× | {s['val']:,} / {s['minival']:,} / "
                          f"{s['train']:,} | {m['peak_rss_kb'] / 1024:.0f} ({', '.join(f'{v / 1024:.0f}' for v in m['peak_rss_kb_runs'])}) | "
                          f"{m['baseline_rss_kb'] / 1024:.0f} | "
-                         f"{(m['peak_rss_kb'] - m['baseline_rss_kb']) / 1024:.0f} | {m['peak_rss_kb'] / ref:.3f} |")
+                         f"{(m['peak_rss_kb'] - m['baseline_rss_kb']) / 1024:.0f} | {m['peak_rss_kb'] / ref:.3f} | "
+                         f"{m['eval_seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs=4, metavar=("PREPARED", "RUN", "IMAGE_SIZE", "PROFILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=5, metavar=("PREPARED", "RUN", "IMAGE_SIZE", "PROFILE", "ALLOCATOR"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--image-size", type=int, nargs="+", default=[28])
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 10])
     ap.add_argument("--machine", default="2-core AMD EPYC VM, shared with other work")
-    ap.add_argument("--allocator", nargs="+", choices=["default", "fixed"], default=["default", "fixed"])
+    ap.add_argument("--allocator", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
     ap.add_argument("--repeats", type=int, default=2, help="processes per scale (the lowest peak counts)")
     ap.add_argument("--code", default="streamed", help="label of the code measured (the report's first column)")
     ap.add_argument("--out", type=Path, help="markdown report")
     ap.add_argument("--json", type=Path, help="raw measurements")
     args = ap.parse_args(argv)
     if args.child:
-        prepared, run, size, profile = args.child
-        print(json.dumps(evaluate_once(Path(prepared), Path(run), int(size), profile)))
+        prepared, run, size, profile, allocator = args.child
+        print(json.dumps(evaluate_once(Path(prepared), Path(run), int(size), profile, allocator)))
         return
     results = [{"image_size": size, "code": args.code,
-                "scales": measure(size, args.scales, mmap_threshold=t, repeats=args.repeats)}
-               for size in args.image_size for t in [{"default": None, "fixed": MMAP_THRESHOLD}[a] for a in args.allocator]]
+                "scales": measure(size, args.scales, allocator=a, repeats=args.repeats)}
+               for size in args.image_size for a in args.allocator]
     text = render(results, args.machine)
     print(text)
     if args.json:
