@@ -299,3 +299,27 @@ def test_the_schema_has_one_field_per_sweep_definition():
     fields = list(Params.model_fields)
     assert [f for f in fields if f in SWEEPS] == list(SWEEPS)
     assert not set(SWEEPS) & set(SECTIONS)
+
+
+def test_the_evaluators_are_one_registry_that_the_schema_and_checks_follow():
+    """Adding an evaluator is its module, one EVALUATORS line and its params: the sweep schema gains its
+    section, the checks require it exactly on the sweeps it evaluates, and its module has the shared interface."""
+    import importlib
+
+    from dpnrepro.config.sweeps import EVALUATORS, SweepParams
+    from dpnrepro.evaluation.base import RunEvaluator
+
+    assert {d.evaluate for d in SWEEPS.values()} <= set(EVALUATORS)
+    assert [f for f in SweepParams.model_fields if f in EVALUATORS] == \
+        [name for name, ev in EVALUATORS.items() if ev.params is not None] == ["fewshot"]
+    for ev in EVALUATORS.values():
+        assert issubclass(importlib.import_module(ev.module).Evaluator, RunEvaluator), ev.module
+    bad = _raw()
+    bad["table1"]["fewshot"] = bad["i21k_93k"]["fewshot"]
+    with pytest.raises(ParamsError, match=r"table1\.fewshot: only few-shot sweeps take it$"):
+        parse_params(bad)
+    bad = _raw()
+    del bad["i21k_93k"]["fewshot"]
+    with pytest.raises(ParamsError, match=r"i21k_93k\.fewshot: required: the sweep is evaluated few-shot "
+                                          r"\(config\.sweeps\.SWEEPS\)$"):
+        parse_params(bad)
