@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from dpnrepro.config.core import DataParams, InputParams, ModelParams, TrainParams, _merge, _Section, arch_name
+from dpnrepro.config.core import (DataParams, InputParams, ModelParams, TrainParams, _merge, _Section,
+                                  parse_arch_checked)
 from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.errors import ParamsError
 
@@ -119,6 +120,13 @@ class RecipeParams(_Section):
     overrides: dict[str, ArchOverride] = Field(default_factory=dict, description="per-arch deltas")
 
 
+def _refuse_unknown(names, known, message: str) -> None:
+    """ValueError ``message`` (its ``{}`` the sorted list of them) when ``names`` holds any not in ``known``."""
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(message.format(unknown))
+
+
 class _SweepParams(_Section):
     """One block of a table: arch × stem × seed, trained with one recipe, evaluated one way."""
 
@@ -134,9 +142,7 @@ class _SweepParams(_Section):
 
     @model_validator(mode="after")
     def _overrides_name_archs(self):
-        unknown = sorted(set(self.recipe.overrides) - set(self.archs))
-        if unknown:
-            raise ValueError(f"recipe.overrides for archs not in the sweep: {unknown}")
+        _refuse_unknown(self.recipe.overrides, self.archs, "recipe.overrides for archs not in the sweep: {}")
         return self
 
     @field_validator("variants")
@@ -145,21 +151,13 @@ class _SweepParams(_Section):
         for name, delta in variants.items():
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
                 raise ValueError(f"variant name {name!r}: letters, digits, '.', '+', '-' only (it names run directories)")
-            unknown = sorted(set(delta) - set(ModelParams.model_fields))
-            if unknown:
-                raise ValueError(f"variant {name!r} sets {unknown}, which are not model keys")
+            _refuse_unknown(delta, ModelParams.model_fields, f"variant {name!r} sets {{}}, which are not model keys")
         return variants
 
     @field_validator("archs")
     @classmethod
     def _dvc_safe(cls, archs):
-        from dpnrepro.models import parse_arch
-
-        for a in archs:
-            if "/" in a:
-                raise ValueError(f"write arch {a!r} as {a.replace('/', '-')!r} (DVC stage names cannot hold '/')")
-            parse_arch(arch_name(a))  # ValueError listing the valid sizes
-        return archs
+        return [parse_arch_checked(a, "DVC stage names cannot hold '/'") for a in archs]
 
     @field_validator("stems")
     @classmethod
