@@ -1,22 +1,25 @@
 """DVC stage `evaluate-<report>` (``--table N`` or ``--report figure1``): score every run of the sweeps of a report → metrics/<sweep>.json each
 (one process per table: the stage pays Python's and DVC's per-stage cost once). ``--sweep`` scores one.
 
-Top-1 sweeps are scored on minival and val (big_vision's classification evaluator); few-shot sweeps
-(the 21k / JFT-style pretraining; ``evaluate`` in config.sweeps.SWEEPS) by fewshot_lsr on the `data` splits.
+Each sweep is scored by its evaluator (``evaluate`` in config.sweeps.SWEEPS, one module each, named in
+config.sweeps.EVALUATORS): top-1 on minival and val (big_vision's classification evaluator), or fewshot_lsr
+on the `data` splits for the 21k / JFT-style pretraining sweeps. With ``runtime.devices`` > 1 the same
+command starts torchrun's agent itself (src/dpnrepro/training/launch.py): every rank scores its shard of
+each split, rank 0 writes the metrics, the same bytes as one process.
 """
 
 import argparse
+import importlib
 from pathlib import Path
 
 from dpnrepro.artifacts import describe_recipe, read_config
 from dpnrepro.cli import stage
 from dpnrepro.config.params import load_params
-from dpnrepro.config.sweeps import SWEEPS, get_sweep, reports
+from dpnrepro.config.sweeps import EVALUATORS, SWEEPS, get_sweep, reports
 from dpnrepro.data.prepare import PREPARED, load_manifest
-from dpnrepro.evaluation.classification import evaluate_run
-from dpnrepro.evaluation.fewshot import evaluate_fewshot_run
 from dpnrepro.io import write_json_atomic
-from dpnrepro.runs import resolve_runs
+from dpnrepro.runs import resolve_runs, session_settings
+from dpnrepro.training import launch
 
 
 @stage
@@ -30,36 +33,36 @@ def main() -> None:
     params = load_params()
     report = f"table{args.table}" if args.table is not None else args.report
     sweeps = [args.sweep] if args.sweep else [s for s, d in SWEEPS.items() if d.report == report]
-    for name in sweeps:
-        evaluate_sweep(params, name)
+    resolved = {name: resolve_runs(params, name) for name in sweeps}
+    # runtime.devices > 1 outside torchrun: launches the job's processes, then exits
+    with launch.stage_session(*session_settings([r for runs in resolved.values() for r in runs])) as ctx:
+        for name, runs in resolved.items():
+            metrics = evaluate_sweep(params, name, runs, ctx)
+            if ctx.is_main:
+                out = Path("metrics") / f"{name}.json"
+                write_json_atomic(out, metrics)
+                print(f"wrote {out} ({len(metrics['runs'])} runs)")
 
 
-def evaluate_sweep(params, name: str) -> None:
-    """Score every run of sweep ``name`` → metrics/<name>.json."""
-    sweep = get_sweep(params, name)
+def evaluate_sweep(params, name: str, resolved, ctx) -> dict:
+    """The metrics of every run of sweep ``name`` (``resolved``), scored in the session ``ctx`` by the sweep's evaluator."""
+    evaluator = SWEEPS[name].evaluate
+    definition = EVALUATORS[evaluator]
+    Evaluator = importlib.import_module(definition.module).Evaluator
+    config = getattr(get_sweep(params, name), evaluator) if definition.params is not None else None
     runs = {}
-    resolved = resolve_runs(params, name)
     for r in resolved:
         cfg = r.cfg
         input_cfg = {**cfg.input.model_dump(), "workers": cfg.runtime.workers}
-        kw = dict(batch_size=cfg.runtime.eval_batch_size, device=cfg.train.device)
-        if SWEEPS[name].evaluate == "fewshot":
-            fs = sweep.fewshot
-            runs[r.run.name] = evaluate_fewshot_run(
-                r.dir, PREPARED, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
-                train_split=fs.train_split, test_split=fs.test_split, resize=fs.resize, pool_size=fs.pool_size, **kw)
-        else:
-            runs[r.run.name] = evaluate_run(r.dir, PREPARED, input_cfg, **kw)
-    out = Path("metrics") / f"{name}.json"
-    first = resolved[0].dir
+        runs[r.run.name] = Evaluator(config, input_cfg, prepared_dir=PREPARED, batch_size=cfg.runtime.eval_batch_size,
+                                     device=ctx.device, progress=ctx.is_main).run(r.dir)
     splits = load_manifest(PREPARED)["splits"]
-    write_json_atomic(out, {
+    return {
         "profile": params.profile, "dataset": params.data.name, "sweep": name,
-        "evaluate": SWEEPS[name].evaluate, "recipe": describe_recipe(read_config(first)),
+        "evaluate": evaluator, "recipe": describe_recipe(read_config(resolved[0].dir)),
         "data": {"name": params.data.name, "train_examples": splits["train"]["examples"],
                  "val_examples": splits["val"]["examples"]},
-        "runs": runs})
-    print(f"wrote {out} ({len(runs)} runs)")
+        "runs": runs}
 
 
 if __name__ == "__main__":

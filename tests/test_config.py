@@ -299,3 +299,52 @@ def test_the_schema_has_one_field_per_sweep_definition():
     fields = list(Params.model_fields)
     assert [f for f in fields if f in SWEEPS] == list(SWEEPS)
     assert not set(SWEEPS) & set(SECTIONS)
+
+
+def test_the_evaluators_are_one_registry_that_the_schema_and_checks_follow():
+    """Adding an evaluator is its module, one EVALUATORS line and its params: the sweep schema gains its
+    section, the checks require it exactly on the sweeps it evaluates, and its module has the shared interface."""
+    import importlib
+
+    from dpnrepro.config.sweeps import EVALUATORS, SweepParams
+    from dpnrepro.evaluation.base import RunEvaluator
+
+    assert {d.evaluate for d in SWEEPS.values()} <= set(EVALUATORS)
+    assert [f for f in SweepParams.model_fields if f in EVALUATORS] == \
+        [name for name, ev in EVALUATORS.items() if ev.params is not None] == ["fewshot"]
+    for ev in EVALUATORS.values():
+        assert issubclass(importlib.import_module(ev.module).Evaluator, RunEvaluator), ev.module
+    bad = _raw()
+    bad["table1"]["fewshot"] = bad["i21k_93k"]["fewshot"]
+    with pytest.raises(ParamsError, match=r"table1\.fewshot: only few-shot sweeps take it$"):
+        parse_params(bad)
+    bad = _raw()
+    del bad["i21k_93k"]["fewshot"]
+    with pytest.raises(ParamsError, match=r"i21k_93k\.fewshot: required: the sweep is evaluated few-shot "
+                                          r"\(config\.sweeps\.SWEEPS\)$"):
+        parse_params(bad)
+
+
+def test_lit_train_is_the_train_sections_fields_adam_only_and_two_captions_a_batch(tmp_path):
+    """LiT's text-tower optimisation shares the train section's keys, defaults and checks (one definition,
+    config.core.train_fields), in its own key order; TrainParams keeps its order (dvclive logs it as is)."""
+    from dpnrepro.config.core import TrainParams
+    from dpnrepro.config.lit import LitTrainParams
+
+    assert list(TrainParams.model_fields) == [
+        "loss", "optimizer", "lr", "weight_decay", "batch_size", "steps", "warmup_steps", "schedule", "grad_clip",
+        "label_smoothing", "device", "deterministic"]
+    assert list(LitTrainParams.model_fields) == [
+        "optimizer", "lr", "weight_decay", "batch_size", "steps", "warmup_steps", "schedule", "grad_clip", "device",
+        "deterministic"]
+    for key in set(LitTrainParams.model_fields) - {"optimizer", "batch_size"}:
+        assert repr(LitTrainParams.model_fields[key]) == repr(TrainParams.model_fields[key]), key
+    for key, value, message in (("lr", 0, "lit.train.lr: Input should be greater than 0"),
+                                ("batch_size", 1, "lit.train.batch_size: Input should be greater than 1"),
+                                ("optimizer", "adamw", "lit.train.optimizer: Input should be 'adam'"),
+                                ("schedule", "step", "lit.train.schedule: Input should be 'cosine', 'linear' or 'constant'"),
+                                ("loss", "softmax_xent", "lit.train.loss: unknown key"),
+                                ("label_smoothing", 0.1, "lit.train.label_smoothing: unknown key")):
+        raw = _raw()
+        raw["lit"]["train"][key] = value
+        assert _error(tmp_path, raw).endswith(message), key

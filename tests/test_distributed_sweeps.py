@@ -1,7 +1,8 @@
 """The stages that train many runs in one process (a fine-tune sweep, Table 3's VTAB fine-tunes, Table 7's
 from-scratch search) spread over ``runtime.devices: 2`` by themselves (`python stages/<stage>.py`, as
 `dvc repro` runs it) and compute bit for bit what one process computes with the same split of the global
-batch (``runtime.accum_steps: 2``): the same weights, the same metrics, one writer."""
+batch (``runtime.accum_steps: 2``): the same weights, the same metrics, one writer. So does the evaluate
+stage: its metrics file is byte for byte the one process's."""
 
 from __future__ import annotations
 
@@ -113,3 +114,26 @@ def test_rank_zero_alone_reports(results):
     assert two["ft384"]["stdout"].count("trained ft384/Mu-7_dpn_s0") == 1
     assert two["vtab"]["stdout"].count("wrote metrics/vtab.json") == 1
     assert two["sun397_scratch"]["stdout"].count("wrote metrics/sun397_scratch.json") == 1
+
+
+@pytest.fixture(scope="module")
+def evaluated(pretrained):
+    """metrics/table1.json (bytes) and stdout of `stages/evaluate.py --sweep table1` (Mu-7, conv and dpn, s0)
+    under 1 and 2 processes; batches of 16, so each rank scores several batches of minival (64) and val (128)."""
+    write_params(pretrained, _params({"devices": 1}))
+    run([sys.executable, "stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "conv", "--seed", "0"],
+        pretrained)
+    found = {}
+    for devices in (1, 2):
+        write_params(pretrained, _params({"devices": devices, "eval_batch_size": 16}))
+        (pretrained / "metrics/table1.json").unlink(missing_ok=True)
+        proc = run([sys.executable, "stages/evaluate.py", "--sweep", "table1"], pretrained)
+        found[devices] = (proc.stdout, (pretrained / "metrics/table1.json").read_bytes())
+    return found
+
+
+def test_the_evaluate_stage_spreads_over_two_processes_and_writes_the_same_bytes(evaluated):
+    (one_out, one), (two_out, two) = evaluated[1], evaluated[2]
+    assert [r["val_examples"] for r in json.loads(one)["runs"].values()] == [128, 128]
+    assert two == one, "metrics/table1.json differs between 2 processes and 1 process"
+    assert two_out.count("wrote metrics/table1.json") == 1 == one_out.count("wrote metrics/table1.json")

@@ -26,6 +26,11 @@ def _scripts(body: dict) -> list[str]:
     return [cmd.split()[1] for cmd in cmds]
 
 
+def _loaded(name: str) -> list[str]:
+    """The modules stage ``name`` loads by name: an evaluate stage's evaluators (config.sweeps.EVALUATORS)."""
+    return pipeline.evaluator_modules([s for s, d in SWEEPS.items() if f"evaluate-{d.report}" == name])
+
+
 SCRIPTS = sorted({script for body in STAGES.values() for script in _scripts(body)})
 
 
@@ -96,8 +101,23 @@ def test_every_module_a_stage_loads_is_among_its_code_deps(script):
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     loaded = {str(__import__("pathlib").Path(f).relative_to(REPO)) for f in json.loads(out.stdout.splitlines()[-1])}
     assert loaded <= set(code_files(script)), sorted(loaded - set(code_files(script)))
-    stage_deps = next(body["deps"] for body in STAGES.values() if script in _scripts(body))
-    assert [d for d in stage_deps if d.startswith(("src/", "stages/"))] == list(code_deps(script))
+    name, body = next((name, body) for name, body in STAGES.items() if script in _scripts(body))
+    assert [d for d in body["deps"] if d.startswith(("src/", "stages/"))] == list(code_deps(script, *_loaded(name)))
+
+
+def test_an_evaluate_stage_depends_on_the_evaluators_it_runs_and_no_other():
+    """stages/evaluate.py loads each sweep's evaluator by name (config.sweeps.EVALUATORS): its stage for a
+    report lists the code of those evaluators, so a few-shot edit reruns no top-1-only report."""
+    from dpnrepro.config.sweeps import EVALUATORS, reports
+
+    for report in reports():
+        evaluators = {SWEEPS[s].evaluate for s, d in SWEEPS.items() if d.report == report}
+        deps = set(PAPER_STAGES[f"evaluate-{report}"]["deps"])
+        for name, ev in EVALUATORS.items():
+            assert (f"src/dpnrepro/{ev.module.split('.', 1)[1].replace('.', '/')}.py" in deps) == (name in evaluators), \
+                (report, name)
+    assert {SWEEPS[s].evaluate for s, d in SWEEPS.items() if d.report == "table1"} == {"top1", "fewshot"}
+    assert "src/dpnrepro/evaluation/fewshot.py" not in PAPER_STAGES["evaluate-table6"]["deps"]
 
 
 def _sections_read(path) -> set[str]:
@@ -177,7 +197,7 @@ def test_each_stage_lists_its_code_params_and_data():
     for name, body in PAPER_STAGES.items():
         scripts = _scripts(body)
         code = [d for d in body["deps"] if d.startswith(("src/", "stages/"))]
-        assert code == sorted({d for s in scripts for d in code_deps(s)}), name
+        assert code == sorted({d for s in scripts for d in code_deps(s, *_loaded(name))}), name
 
 
 def _stub_data(root, stages: dict) -> None:

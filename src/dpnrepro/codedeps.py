@@ -100,10 +100,19 @@ def code_files(script: str, root: Path = ROOT) -> tuple[str, ...]:
     return tuple(sorted(p.relative_to(root).as_posix() for p in seen))
 
 
-def code_deps(script: str) -> tuple[str, ...]:
-    """:func:`code_files`, with every package directory whose ``.py`` files are all in it written as the
-    directory (shorter dvc.yaml, same meaning: DVC hashes the directory's files)."""
-    files = set(code_files(script))
+def module_path(module: str, root: Path = ROOT) -> str:
+    """The repository-relative file of a ``dpnrepro`` module (e.g. one a stage loads by name)."""
+    path = _module_file(module, root / "src")
+    if path is None:
+        raise ValueError(f"no module {module!r} under {root / 'src'}")
+    return path.relative_to(root).as_posix()
+
+
+def code_deps(script: str, *loaded: str) -> tuple[str, ...]:
+    """:func:`code_files` of ``script`` and of the files it ``loaded`` by name (importlib), with every package
+    directory whose ``.py`` files are all in it written as the directory (shorter dvc.yaml, same meaning:
+    DVC hashes the directory's files)."""
+    files = {f for path in (script, *loaded) for f in code_files(path)}
     dirs = sorted({str(Path(f).parent) for f in files if f.startswith("src/")}, key=len)
     whole = []
     for d in dirs:

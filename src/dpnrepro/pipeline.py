@@ -21,18 +21,19 @@ import sys
 
 import yaml
 
-from dpnrepro.codedeps import ROOT, code_deps
-from dpnrepro.config.sweeps import SWEEPS, reports
+from dpnrepro.codedeps import ROOT, code_deps, module_path
+from dpnrepro.config.sweeps import EVALUATORS, SWEEPS, reports
 
 DVC_YAML = ROOT / "dvc.yaml"
 BENCHMARKS_DVC_YAML = ROOT / "benchmarks" / "dvc.yaml"
 STUDY_DVC_YAML = ROOT / "study" / "dvc.yaml"
 
 
-def _stage(script: str, *, args: str = "", deps=(), params=(), outs=(), metrics=(), **extra) -> dict:
-    """A stage; ``metrics`` are the DVC metrics (git-tracked, uncached): only headline files
+def _stage(script: str, *, args: str = "", code=(), deps=(), params=(), outs=(), metrics=(), **extra) -> dict:
+    """A stage; ``code``: modules it loads by name (e.g. :func:`evaluator_modules`), whose imports count too.
+    ``metrics`` are the DVC metrics (git-tracked, uncached): only headline files
     (:func:`report_outs`), so `dvc metrics show/diff` stays readable. Per-run metrics are :func:`uncached` outs."""
-    stage = {"cmd": f"python {script}{' ' + args if args else ''}", "deps": [*code_deps(script), *deps]}
+    stage = {"cmd": f"python {script}{' ' + args if args else ''}", "deps": [*code_deps(script, *code), *deps]}
     if params:
         stage["params"] = list(params)
     if outs:
@@ -64,6 +65,12 @@ FIGURE_CSVS = ("metrics/figure2_depth.csv", "metrics/figure2_embedding.csv")
 
 # reports built by stages/ablations.py (the others by stages/table.py)
 ABLATION_REPORTS = ("table6", "figure1")
+
+
+def evaluator_modules(sweeps) -> list[str]:
+    """The files of the evaluators of ``sweeps`` (:data:`~dpnrepro.config.sweeps.EVALUATORS`): stages/evaluate.py
+    loads them by name, so its stage for a report depends on the code of the evaluators it runs, and only those."""
+    return sorted({module_path(EVALUATORS[SWEEPS[s].evaluate].module) for s in sweeps})
 
 
 def _prepared(dataset: str) -> str:
@@ -102,10 +109,12 @@ def stages() -> dict:
         for sweep in sweeps:
             params += [f"{sweep}.{key}" for key in ("archs", "stems", "seeds", "recipe")]
             params += [f"{sweep}.variants"] if SWEEPS[sweep].variants else []
-            params += [f"{sweep}.fewshot"] if SWEEPS[sweep].evaluate == "fewshot" else []
+            evaluator = SWEEPS[sweep].evaluate
+            params += [f"{sweep}.{evaluator}"] if EVALUATORS[evaluator].params is not None else []
         table = SWEEPS[sweeps[0]].table
         out[f"evaluate-{report}"] = _stage(
             "stages/evaluate.py", args=f"--table {table}" if isinstance(table, int) else f"--report {report}",
+            code=evaluator_modules(sweeps),
             deps=["data/prepared", *(f"runs/{s}" for s in sweeps)],
             params=params, outs=uncached(f"metrics/{s}.json" for s in sweeps))
     for report in reports():

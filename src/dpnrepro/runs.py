@@ -69,14 +69,16 @@ def resolve_runs(params: Params, sweep: str, runs: list[Run] | None = None) -> l
 
 
 def session_settings(resolved: list[ResolvedRun]) -> tuple:
-    """``(runtime, train.device, train.deterministic)`` of the one process that runs ``resolved``: a stage
-    process holds one process group on one device type with one determinism setting (set before the group
-    exists), so runs that disagree on either are a one-line error."""
-    sweep = resolved[0].sweep
-    for key in ("device", "deterministic"):
-        values = {getattr(r.cfg.train, key) for r in resolved}
+    """``(runtime, train.device, train.deterministic)`` of the one process that runs ``resolved`` (the runs of
+    one sweep, or of a report's sweeps): a stage process holds one process group of ``runtime.devices``
+    processes on one device type with one determinism setting (set before the group exists), so runs that
+    disagree on any of these are a one-line error."""
+    names = list(dict.fromkeys(r.sweep for r in resolved))
+    who = f"sweep {names[0]!r} mixes" if len(names) == 1 else f"sweeps {', '.join(map(repr, names))} mix"
+    for section, key in (("train", "device"), ("train", "deterministic"), ("runtime", "devices"), ("runtime", "nodes")):
+        values = {getattr(getattr(r.cfg, section), key) for r in resolved}
         if len(values) > 1:
-            raise ParamsError(f"sweep {sweep!r} mixes train.{key} values {sorted(values)}: one stage process "
-                              f"trains with one train.{key}")
+            raise ParamsError(f"{who} {section}.{key} values {sorted(values)}: one stage process "
+                              f"runs with one {section}.{key}")
     train = resolved[0].cfg.train
     return resolved[0].cfg.runtime, train.device, train.deterministic

@@ -165,6 +165,14 @@ class TrainParams(_Section):
         return self
 
 
+def train_fields(*keys: str, **overrides) -> dict:
+    """:class:`TrainParams`' definitions ``(type, Field)`` of ``keys``, in that order, ``overrides`` in place of
+    some: for ``pydantic.create_model``, so that a section training another model (LiT's text tower,
+    config/lit.py) has the train section's keys, defaults and checks, written once."""
+    fields = TrainParams.model_fields
+    return {k: overrides[k] if k in overrides else (fields[k].annotation, fields[k]) for k in keys}
+
+
 def _describe(exc: ValidationError, section: str = "") -> str:
     """Every error of ``exc`` as ``key.path: message`` (under ``section``, when given), joined on one line."""
     parts = []
@@ -184,10 +192,12 @@ def arch_name(arch: str) -> str:
     return arch.replace("-", "/")
 
 
-def parse_arch_checked(arch: str) -> str:
+def parse_arch_checked(arch: str, why: str = "") -> str:
+    """``arch`` when it names a registered size, spelt DVC-safe ('B-16'); else ValueError (with ``why``
+    '/' is refused, when given)."""
     from dpnrepro.models import parse_arch
 
     if "/" in arch:
-        raise ValueError(f"write arch {arch!r} as {arch.replace('/', '-')!r}")
-    parse_arch(arch_name(arch))
+        raise ValueError(f"write arch {arch!r} as {arch.replace('/', '-')!r}" + (f" ({why})" if why else ""))
+    parse_arch(arch_name(arch))  # ValueError listing the valid sizes
     return arch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
-from dpnrepro.config.core import _Section
+from dpnrepro.config.core import _Section, train_fields
 
 
 class LitCaptionsParams(_Section):
@@ -62,19 +62,13 @@ class LitDataParams(_Section):
     examples: int = Field(0, ge=0, description="first N rows; 0 = all")
 
 
-class LitTrainParams(_Section):
-    """Text-tower optimisation (big_vision LiT: Adam with decoupled weight decay, warm-up + cosine)."""
-
-    optimizer: Literal["adam"] = "adam"
-    lr: float = Field(gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(gt=1)
-    steps: int = Field(gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    grad_clip: float = Field(0.0, ge=0, description="global-norm clip; 0 = off")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    deterministic: bool = True
+# The train section's keys, defaults and checks (config.core.TrainParams), Adam only and at least two captions
+# a batch (the contrastive loss needs negatives); no loss choice, no label smoothing
+LitTrainParams = create_model(
+    "LitTrainParams", __base__=_Section,
+    __doc__="Text-tower optimisation (big_vision LiT: Adam with decoupled weight decay, warm-up + cosine).",
+    **train_fields("optimizer", "lr", "weight_decay", "batch_size", "steps", "warmup_steps", "schedule", "grad_clip",
+                   "device", "deterministic", optimizer=(Literal["adam"], "adam"), batch_size=(int, Field(gt=1))))
 
 
 class LitRuntimeParams(_Section):

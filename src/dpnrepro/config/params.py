@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, create_model, model_validator
 
 from dpnrepro.config.core import DataParams, ExportParams, InputParams, ModelParams, TrainParams, _describe, _Section
 from dpnrepro.config.runtime import RuntimeParams
-from dpnrepro.config.sweeps import SWEEPS, SweepParams, sweep_config
+from dpnrepro.config.sweeps import EVALUATORS, SWEEPS, SweepParams, sweep_config
 from dpnrepro.errors import ParamsError
 
 
@@ -67,10 +67,12 @@ class _CoreParams(_Section):
                              "put multi-label pretraining data in data_jft or data_i21k")
         for name, sw in self.sweeps().items():
             definition = SWEEPS[name]
-            if (sw.fewshot is not None) != (definition.evaluate == "fewshot"):
-                raise ValueError(f"{name}.fewshot: " + (
-                    "required: the sweep is evaluated few-shot (config.sweeps.SWEEPS)" if sw.fewshot is None
-                    else "only few-shot sweeps take it"))
+            for evaluator, ev in EVALUATORS.items():  # an evaluator's settings: on the sweeps it evaluates only
+                given = ev.params is not None and getattr(sw, evaluator) is not None
+                if ev.params is not None and given != (definition.evaluate == evaluator):
+                    raise ValueError(f"{name}.{evaluator}: " + (
+                        f"only {ev.label or evaluator} sweeps take it" if given
+                        else f"required: the sweep is evaluated {ev.label or evaluator} (config.sweeps.SWEEPS)"))
             if bool(sw.variants) != definition.variants:
                 raise ValueError(f"{name}.variants: " + ("required (config.sweeps.SWEEPS)" if definition.variants
                                                          else "this sweep takes none (config.sweeps.SWEEPS)"))

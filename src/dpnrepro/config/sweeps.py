@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
-from dpnrepro.config.core import DataParams, InputParams, ModelParams, TrainParams, _merge, _Section, arch_name
+from dpnrepro.config.core import (DataParams, InputParams, ModelParams, TrainParams, _merge, _Section,
+                                  parse_arch_checked)
 from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.errors import ParamsError
 
@@ -18,17 +19,50 @@ if TYPE_CHECKING:
     from dpnrepro.config.params import Params
 
 
+class FewshotParams(_Section):
+    """big_vision's fewshot_lsr evaluator: closed-form ridge on pre-logits, shots per class × draws."""
+
+    shots: int = Field(25, gt=0)
+    draws: int = Field(3, gt=0, description="independent random draws of the shots (the paper's 3 seeds)")
+    l2_reg: float = Field(2.0**10, gt=0)
+    train_split: str = "train"
+    test_split: str = "val"
+    resize: int = Field(256, gt=0, description="resize to resize x resize (aspect not kept), then central crop "
+                                               "to input.image_size (big_vision: 256 -> 224)")
+    pool_size: int = Field(0, ge=0, description="train examples (a fixed seeded subset) the shots are drawn "
+                                                "from; 0 = all (big_vision's ImageNet pool: 65000)")
+
+
+class EvaluatorDef(NamedTuple):
+    """An evaluator of the sweeps: the module that holds its ``Evaluator`` (a
+    :class:`dpnrepro.evaluation.base.RunEvaluator`; loaded by name, as big_vision loads its evaluators, so
+    this package imports no torch) and the schema of its settings, which a sweep it evaluates must then
+    give under the evaluator's name (``<sweep>.<name>``) and no other sweep may."""
+
+    module: str
+    params: type[_Section] | None = None
+    label: str = ""  # how the params checks name it ("few-shot")
+
+
+# The evaluators, by the name a SweepDef's `evaluate` gives. Adding one: its module under evaluation/,
+# one line here, and its params schema (when it takes settings).
+EVALUATORS: dict[str, EvaluatorDef] = {
+    "top1": EvaluatorDef("dpnrepro.evaluation.classification"),    # top-1 on minival and val
+    "fewshot": EvaluatorDef("dpnrepro.evaluation.fewshot", FewshotParams, "few-shot"),  # 25-shot linear probe on `data`
+}
+
+
 class SweepDef(NamedTuple):
     """What a sweep is, whatever the profile: the table (or figure, e.g. ``"figure1"``) it fills, the dataset section it trains on, the
-    sweep whose runs initialise it (fine-tuning) and how it is evaluated (top-1 on minival/val, or
-    few-shot on `data`, whose settings are then the sweep's required ``fewshot`` params). dvc.yaml is
-    generated from this table (``python -m dpnrepro.pipeline``), so adding a table block is one entry
-    here plus its params."""
+    sweep whose runs initialise it (fine-tuning) and how it is evaluated (an :data:`EVALUATORS` name: top-1
+    on minival/val, or few-shot on `data`, whose settings are then the sweep's required ``fewshot`` params).
+    dvc.yaml is generated from this table (``python -m dpnrepro.pipeline``), so adding a table block is one
+    entry here plus its params."""
 
     table: int | str
     dataset: Literal["data", "data_i21k", "data_jft"] = "data"
     init_from: str | None = None
-    evaluate: Literal["top1", "fewshot"] = "top1"
+    evaluate: Literal[tuple(EVALUATORS)] = "top1"
     variants: bool = False  # runs per named model variant (the sweep's `variants` params; Figure 1)
 
     @property
@@ -74,20 +108,6 @@ class ArchOverride(_Section):
     mixup: float | None = Field(None, ge=0)
 
 
-class FewshotParams(_Section):
-    """big_vision's fewshot_lsr evaluator: closed-form ridge on pre-logits, shots per class × draws."""
-
-    shots: int = Field(25, gt=0)
-    draws: int = Field(3, gt=0, description="independent random draws of the shots (the paper's 3 seeds)")
-    l2_reg: float = Field(2.0**10, gt=0)
-    train_split: str = "train"
-    test_split: str = "val"
-    resize: int = Field(256, gt=0, description="resize to resize x resize (aspect not kept), then central crop "
-                                               "to input.image_size (big_vision: 256 -> 224)")
-    pool_size: int = Field(0, ge=0, description="train examples (a fixed seeded subset) the shots are drawn "
-                                                "from; 0 = all (big_vision's ImageNet pool: 65000)")
-
-
 class RecipeParams(_Section):
     """How a sweep's runs are trained: the top-level ``input``/``model``/``train`` sections with these
     deltas, then the per-arch ``overrides``. The dataset and the sweep a fine-tune starts from (same
@@ -100,7 +120,14 @@ class RecipeParams(_Section):
     overrides: dict[str, ArchOverride] = Field(default_factory=dict, description="per-arch deltas")
 
 
-class SweepParams(_Section):
+def _refuse_unknown(names, known, message: str) -> None:
+    """ValueError ``message`` (its ``{}`` the sorted list of them) when ``names`` holds any not in ``known``."""
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(message.format(unknown))
+
+
+class _SweepParams(_Section):
     """One block of a table: arch × stem × seed, trained with one recipe, evaluated one way."""
 
     archs: list[str] = Field(min_length=1)
@@ -112,13 +139,10 @@ class SweepParams(_Section):
         "every arch x stem x seed is trained once per variant (Figure 1); empty = one unnamed variant"))
     runtime: dict = Field(default_factory=dict, description=(
         "deltas to the top-level runtime section for this sweep (execution only; not tracked by DVC)"))
-    fewshot: FewshotParams | None = Field(None, description="the few-shot evaluator (sweeps evaluated 25-shot)")
 
     @model_validator(mode="after")
     def _overrides_name_archs(self):
-        unknown = sorted(set(self.recipe.overrides) - set(self.archs))
-        if unknown:
-            raise ValueError(f"recipe.overrides for archs not in the sweep: {unknown}")
+        _refuse_unknown(self.recipe.overrides, self.archs, "recipe.overrides for archs not in the sweep: {}")
         return self
 
     @field_validator("variants")
@@ -127,21 +151,13 @@ class SweepParams(_Section):
         for name, delta in variants.items():
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
                 raise ValueError(f"variant name {name!r}: letters, digits, '.', '+', '-' only (it names run directories)")
-            unknown = sorted(set(delta) - set(ModelParams.model_fields))
-            if unknown:
-                raise ValueError(f"variant {name!r} sets {unknown}, which are not model keys")
+            _refuse_unknown(delta, ModelParams.model_fields, f"variant {name!r} sets {{}}, which are not model keys")
         return variants
 
     @field_validator("archs")
     @classmethod
     def _dvc_safe(cls, archs):
-        from dpnrepro.models import parse_arch
-
-        for a in archs:
-            if "/" in a:
-                raise ValueError(f"write arch {a!r} as {a.replace('/', '-')!r} (DVC stage names cannot hold '/')")
-            parse_arch(arch_name(a))  # ValueError listing the valid sizes
-        return archs
+        return [parse_arch_checked(a, "DVC stage names cannot hold '/'") for a in archs]
 
     @field_validator("stems")
     @classmethod
@@ -152,6 +168,13 @@ class SweepParams(_Section):
         if unknown:
             raise ValueError(f"unknown stem(s) {unknown}; choose from {', '.join(STEMS)}")
         return stems
+
+
+# The sweep schema: one optional section per evaluator that takes settings (`<sweep>.fewshot`), after the rest
+SweepParams = create_model(
+    "SweepParams", __base__=_SweepParams, __doc__=_SweepParams.__doc__,
+    **{name: (ev.params | None, Field(None, description=f"the {ev.label or name} evaluator (sweeps it evaluates)"))
+       for name, ev in EVALUATORS.items() if ev.params is not None})
 
 
 class SweepConfig(NamedTuple):

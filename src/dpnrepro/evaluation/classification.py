@@ -6,6 +6,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dpnrepro.data.loader import eval_batches
+from dpnrepro.evaluation.base import RunEvaluator
 
 
 @torch.no_grad()
@@ -57,3 +58,11 @@ def evaluate_run(run_path, prepared_dir, input_cfg: dict, *, splits=("minival", 
     return {**{k: summary[k] for k in ("arch", "stem", "seed", "variant", "hardware", "params_m") if k in summary},
             **{f"{split}_top1": s["top1"] for split, s in scores.items()},
             **{f"{split}_examples": s["examples"] for split, s in scores.items()}}
+
+
+class Evaluator(RunEvaluator):
+    """The ``top1`` evaluator of the sweeps: :func:`evaluate_run` on minival and val (no settings)."""
+
+    def run(self, run_dir) -> dict:
+        return evaluate_run(run_dir, self.prepared_dir, self.input_cfg, batch_size=self.batch_size,
+                            device=self.device, progress=self.progress)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from dpnrepro.errors import DatasetError
+from dpnrepro.evaluation.base import RunEvaluator
 
 BIAS_CONSTANT = 100.0  # value of the appended bias feature (big_vision's BIAS_CONSTANT)
 STD_EPS = 1e-5  # added to the whitening standard deviation
@@ -48,7 +49,7 @@ POOL_SEED = 0  # the seed of the fixed train pool (pool_indices)
 __all__ = [
     "BIAS_CONSTANT", "STD_EPS", "L2_REG", "POOL_SEED", "LinearProbe", "fit_lsr", "fewshot_lsr_accuracy",
     "draw_shots", "pool_indices", "fewshot_input", "extract_features", "fewshot_from_features",
-    "evaluate_fewshot_run",
+    "evaluate_fewshot_run", "Evaluator",
 ]
 
 
@@ -291,3 +292,15 @@ def evaluate_fewshot_run(run_path, prepared_dir, input_cfg: dict, *, shots: int 
     out.update(fewshot_draws=draws, fewshot_l2_reg=float(l2_reg), fewshot_train_pool=int(len(tr_y)),
                fewshot_test_examples=int(len(te_y)))
     return out
+
+
+class Evaluator(RunEvaluator):
+    """The ``fewshot`` evaluator of the sweeps: :func:`evaluate_fewshot_run` with the sweep's ``fewshot``
+    settings (:class:`dpnrepro.config.sweeps.FewshotParams`)."""
+
+    def run(self, run_dir) -> dict:
+        c = self.config
+        return evaluate_fewshot_run(run_dir, self.prepared_dir, self.input_cfg, shots=c.shots, draws=c.draws,
+                                    l2_reg=c.l2_reg, train_split=c.train_split, test_split=c.test_split,
+                                    resize=c.resize, pool_size=c.pool_size, batch_size=self.batch_size,
+                                    device=self.device, progress=self.progress)

@@ -66,6 +66,19 @@ def _paper_table6() -> tuple[list[str], dict]:
     return archs, {(r["variant"], r["arch"]): r["value"] for r in paper["rows"]}
 
 
+def _ours(metrics: dict, gain: str) -> list[str]:
+    """The heading and set-up lines of a report's measured part: data, recipe, how a gain is read (``gain``), hardware."""
+    return [
+        f"## Ours (profile `{metrics['profile']}`, measured by this pipeline)",
+        "",
+        f"- Data: {metrics['data']['name']} (train {metrics['data']['train_examples']} images); top-1 (%) on `val` "
+        f"({metrics['data']['val_examples']} images).",
+        f"- Recipe: {metrics['recipe']}.",
+        gain,
+        f"- Hardware: {_hardware(metrics)}.",
+    ]
+
+
 def render_table6_markdown(metrics: dict, summary: dict) -> str:
     paper = load_paper_table(6)
     p_archs, p_vals = _paper_table6()
@@ -86,14 +99,8 @@ def render_table6_markdown(metrics: dict, summary: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(p_vals[(name, a)] for a in p_archs) + " |")
     lines += [
         "",
-        f"## Ours (profile `{metrics['profile']}`, measured by this pipeline)",
-        "",
-        f"- Data: {metrics['data']['name']} (train {metrics['data']['train_examples']} images); top-1 (%) on `val` "
-        f"({metrics['data']['val_examples']} images).",
-        f"- Recipe: {metrics['recipe']}.",
-        "- Gain = variant − DPN, paired by training seed, ± its 95 % CI (Student t); p: two-sided paired t-test; "
-        "verdict: better / worse than DPN when the CI excludes 0, else not resolved.",
-        f"- Hardware: {_hardware(metrics)}.",
+        *_ours(metrics, "- Gain = variant − DPN, paired by training seed, ± its 95 % CI (Student t); p: two-sided "
+                        "paired t-test; verdict: better / worse than DPN when the CI excludes 0, else not resolved."),
         "",
         "Accuracy of every stem (mean ± 95 % CI over seeds):",
         "",
@@ -198,14 +205,9 @@ def render_figure1_markdown(metrics: dict, summary: dict) -> str:
         "Here every placement is also trained with DPN, and DTN (Dynamic Token Normalization, seed 002) "
         "replaces LN in the pre-LN block as one more row.",
         "",
-        f"## Ours (profile `{metrics['profile']}`, measured by this pipeline)",
-        "",
-        f"- Data: {metrics['data']['name']} (train {metrics['data']['train_examples']} images); top-1 (%) on `val` "
-        f"({metrics['data']['val_examples']} images).",
-        f"- Recipe: {metrics['recipe']}.",
-        "- Gain = run − (conv stem, pre-pre), paired by training seed, ± its 95 % CI; p: two-sided paired "
-        "t-test; verdict: better / worse when the CI excludes 0, else not resolved (always with one seed).",
-        f"- Hardware: {_hardware(metrics)}.",
+        *_ours(metrics, "- Gain = run − (conv stem, pre-pre), paired by training seed, ± its 95 % CI; p: two-sided "
+                        "paired t-test; verdict: better / worse when the CI excludes 0, else not resolved (always "
+                        "with one seed)."),
         "",
         "| Block norm | " + " | ".join(f"{a} conv | {a} DPN" for a in archs) + " |",
         "|---|" + "---|" * (2 * len(archs)),

@@ -61,9 +61,10 @@ def env_world() -> tuple[int, int, int]:
             int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun)."""
-    return resolve_device(name, env_world()[2])
+def pick_device(name: str | torch.device) -> torch.device:
+    """``auto``/``cpu``/``cuda`` → a device (``cuda`` is this process's ``LOCAL_RANK`` GPU under torchrun); a
+    ``torch.device`` (a session's) as it is."""
+    return name if isinstance(name, torch.device) else resolve_device(name, env_world()[2])
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
