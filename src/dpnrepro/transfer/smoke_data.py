@@ -16,8 +16,8 @@ stand-in (``kind``)    for          real data
 ``nuclei``             Camelyon     patches of stardist's annotated DSB-2018 nuclei image; label 1
                                     when the central third holds a nucleus pixel (PCam's rule: the
                                     central region holds tumour); bands as above
-``fmnist_sprites``     dSprites     one Fashion-MNIST T-shirt (16 px) per canvas at one of 4 x
-                                    positions (dSpr-Loc classes 0-3 of 16, 4 px apart) and 40
+``fmnist_sprites``     dSprites     one Fashion-MNIST T-shirt (16 px) per canvas, y fixed, at one of
+                                    4 x positions (dSpr-Loc classes 0-3 of 16, 4 px apart) and 40
                                     orientations (dSprites' grid, all 16 dSpr-Ori classes)
 ``fmnist_scenes``      CLEVR        3 to 10 Fashion-MNIST test items per canvas, each with a depth
                                     (drawn 56/depth px wide), stored as CLEVR's ``objects``
