@@ -260,14 +260,20 @@ def test_fmnist_scenes_store_clevr_objects_and_count_labels():
 
 
 def test_fmnist_sprites_put_the_item_where_the_position_latent_says():
-    from dpnrepro.transfer.smoke_data import fmnist_sprites
+    """The item lies in its 16-px square at sprite_x of its x value, vertically centred; the x values spread
+    over the whole free width; every orientation and x value is drawn."""
+    from dpnrepro.transfer.smoke_data import SIZE, SPRITE_PX, SPRITE_X_LATENTS, fmnist_sprites, sprite_x
     if not FMNIST.is_dir():
         pytest.skip("Debian dataset-fashion-mnist not installed")
-    dd = fmnist_sprites({"train": 40}, 0, str(FMNIST))
-    for ex in dd["train"]:
-        cols = np.nonzero(np.asarray(ex["image"]).max(0))[0]
-        x0 = round(ex["label_x_position"] * 16 / 31)
-        assert x0 <= cols.min() and cols.max() < x0 + 12
+    assert [sprite_x(v) for v in SPRITE_X_LATENTS] == [0, 4, 8, 12]
+    dd = fmnist_sprites({"train": 400}, 0, str(FMNIST))
+    y0 = (SIZE - SPRITE_PX) // 2
+    for ex in dd["train"].select(range(40)):
+        rows, cols = np.nonzero(np.asarray(ex["image"]))
+        x0 = sprite_x(ex["label_x_position"])
+        assert x0 <= cols.min() and cols.max() < x0 + SPRITE_PX and y0 <= rows.min() and rows.max() < y0 + SPRITE_PX
+    assert set(dd["train"]["label_x_position"]) == set(SPRITE_X_LATENTS)
+    assert set(dd["train"]["label_orientation"]) == set(range(40))
 
 
 def test_texture_and_nuclei_splits_come_from_disjoint_bands():
