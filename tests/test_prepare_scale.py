@@ -260,3 +260,18 @@ def test_metadata_forms_the_index_does_not_read_are_one_clear_error(tmp_path):
     (root / "train" / "sub" / "metadata.jsonl").write_text('{"file_name": "3.jpg", "labels": [1]}\n')
     with pytest.raises(DatasetError, match="sub/metadata.jsonl: data.storage: source reads one metadata.jsonl"):
         prepare_dataset(_jft_cfg(root, storage="source"), tmp_path / "out", workers=1)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("a/metadata.jsonl", "train/a/metadata.jsonl: data.storage: source reads one metadata.jsonl at a split's root"),
+    ("a/deeper/x.jpg", "train/a/deeper: data.storage: source lists <split>/<class>/<image> files only"),
+])
+def test_class_folders_hold_images_only(tmp_path, extra, message):
+    # What the listing would skip but `datasets` (copy storage) would read is an error, found in the one scan.
+    root = make_image_folder(tmp_path / "src", per_class=6)
+    image = next(iter(sorted((root / "train" / "a").iterdir())))
+    (root / "train" / extra).parent.mkdir(parents=True, exist_ok=True)
+    (root / "train" / extra).write_bytes(image.read_bytes())
+    with pytest.raises(DatasetError, match=message):
+        prepare_dataset(_cfg(root, storage="source"), tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists()

@@ -4,14 +4,14 @@ glibc's ``malloc`` serves blocks at or above its mmap threshold with their own `
 on ``free``. The threshold is dynamic: each freed mmapped block raises it to that block's size (up to
 32 MiB). After the first evaluation batches are freed, later batch buffers and activations come from the
 heap, whose free fragments stay resident, and RSS grows with the number of batches although nothing of
-the split is kept (``reports/eval_memory.md``: +13 to +21 % peak at 10x the smoke splits, 56 px).
+the split is kept (``reports/eval_memory.md``: +13 to +23 % peak at 10x the smoke splits, 56 px).
 
 Two fixes were measured side by side on the same evaluation (``python -m dpnrepro.benchmarks.eval_memory``):
 fixing the threshold at 128 KiB (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does) bounds the peak, but
 on the CPU every activation of the forward pass then gets fresh pages (faults and zeroing): evaluation ran
 1.6x to 2.5x slower. ``malloc_trim(0)`` after each batch (:class:`HeapTrimmed`, what
 :func:`data.loader.eval_batches` returns) releases the free pages in place and keeps the allocator's fast
-path: +8 % peak at 10x (56 px) for 6-12 % more time. Elsewhere than glibc (musl, macOS, a preloaded jemalloc
+path: +8 % peak at 10x (56 px) for 6-12 % more time (measured on the CPU). Elsewhere than glibc (musl, macOS, a preloaded jemalloc
 or tcmalloc, which return memory themselves) the trim is a no-op.
 """
 

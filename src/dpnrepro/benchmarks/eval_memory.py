@@ -15,8 +15,9 @@ and no loader workers; the RSS after imports and model load (``baseline``) is re
 part evaluation adds is visible, and so is evaluation's wall time. Allocator modes (:data:`ALLOCATORS`):
 ``trim`` is the code as it runs (:class:`dpnrepro.allocator.HeapTrimmed`), ``none`` the same without the
 trim (glibc's own policy), ``fixed`` without the trim but with glibc's mmap threshold fixed at 128 KiB
-(``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does), the alternative that was measured and not chosen. It counts the memory-mapped Arrow pages evaluation touches
-too (file-backed, reclaimable: a larger split's are more of them).
+(``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does), the alternative that was measured and not chosen. The
+peak counts the memory-mapped Arrow pages evaluation touches too (file-backed, reclaimable: a larger
+split's are more of them).
 
     python -m dpnrepro.benchmarks.eval_memory --image-size 28 56 --scales 1 10 --out reports/eval_memory.md
 """
@@ -39,6 +40,7 @@ SOURCE_SPLIT = {"train": "train", "minival": "train", "val": "test"}  # minival:
 FEWSHOT_SWEEP = "i21k_93k"
 ALLOCATORS = ("trim", "none", "fixed")
 MMAP_THRESHOLD = 128 * 1024  # glibc's initial value, kept fixed in mode `fixed`
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
 
 
 def build_prepared(out: Path, scale: int, source: Path = FMNIST) -> dict:
@@ -119,7 +121,6 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     import torch
 
     from dpnrepro import allocator as heap
-
     from dpnrepro.artifacts import load_run_model
     from dpnrepro.config.sweeps import get_sweep, sweep_config
     from dpnrepro.config.params import load_params
@@ -128,7 +129,7 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
 
     torch.set_num_threads(1)
     heap.ENABLED = allocator == "trim"
-    if allocator == "fixed" and ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD) != 1:  # M_MMAP_THRESHOLD
+    if allocator == "fixed" and ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed: not glibc?")
     params = load_params(profile)
     arch = get_sweep(params, "table1").archs[0]

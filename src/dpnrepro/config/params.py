@@ -68,8 +68,10 @@ class _CoreParams(_Section):
         for name, sw in self.sweeps().items():
             definition = SWEEPS[name]
             for evaluator, ev in EVALUATORS.items():  # an evaluator's settings: on the sweeps it evaluates only
-                given = ev.params is not None and getattr(sw, evaluator) is not None
-                if ev.params is not None and given != (definition.evaluate == evaluator):
+                if ev.params is None:
+                    continue
+                given = getattr(sw, evaluator) is not None
+                if given != (definition.evaluate == evaluator):
                     raise ValueError(f"{name}.{evaluator}: " + (
                         f"only {ev.label or evaluator} sweeps take it" if given
                         else f"required: the sweep is evaluated {ev.label or evaluator} (config.sweeps.SWEEPS)"))

@@ -358,11 +358,12 @@ def eval_batches(ds, input_cfg: dict, batch_size: int, rank: int = 0, world_size
     ``runtime.workers``, loader processes decode ahead) and nothing of the split is kept, so host memory
     does not grow with the split. The batches are those of one sequential pass, in order, whatever the
     number of workers; glibc's free heap pages go back to the system after each (allocator.py: otherwise
-    RSS creeps with the number of batches). Evaluators that need the whole split keep only its features or logits. Under
-    ``torchrun`` (``world_size`` > 1) only this rank's share of that pass (:func:`eval_shard`)."""
+    RSS creeps with the number of batches). Evaluators that need the whole split keep only its features or
+    logits. Under ``torchrun`` (``world_size`` > 1) only this rank's share of that pass (:func:`eval_shard`)."""
     if world_size > 1:
         shard = eval_shard(len(ds), batch_size, rank, world_size)
         ds = ds.select(shard if len(shard) else [])  # more ranks than batches: nothing ('datasets' refuses range(n, n))
     from dpnrepro.allocator import HeapTrimmed  # the heap's free pages go back after each batch
 
-    return HeapTrimmed(eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0)))
+    loader = eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))
+    return HeapTrimmed(loader)

@@ -33,17 +33,33 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".t
 
 
 def _listing(split_dir: Path) -> dict[str, list[str]]:
-    """``{class folder: sorted image file names}`` of one split directory."""
+    """``{class folder: sorted image file names}`` of one split directory. Found in the same scan (the tree
+    is not walked twice): a metadata file in a class folder, or a folder below one (``datasets`` would read
+    what it holds, this listing would not), is an error."""
     out = {}
     with os.scandir(split_dir) as entries:
         classes = sorted(e.name for e in entries if e.is_dir())
     for c in classes:
         with os.scandir(split_dir / c) as entries:
-            out[c] = sorted(e.name for e in entries if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES)
+            found = sorted((e.name, e.is_dir()) for e in entries if e.is_file() or e.is_dir())
+        meta = next((f for f, is_dir in found if not is_dir and f.startswith("metadata.")), None)
+        if meta is not None:
+            raise _unread_metadata(split_dir / c / meta)
+        sub = next((f for f, is_dir in found if is_dir), None)
+        if sub is not None:
+            raise DatasetError(f"{split_dir / c / sub}: data.storage: source lists <split>/<class>/<image> "
+                               "files only; move its images up, or use data.storage: copy")
+        out[c] = [f for f, _ in found if Path(f).suffix.lower() in IMAGE_SUFFIXES]
     return out
 
 
-METADATA = "metadata.jsonl"  # datasets' imagefolder metadata file (its csv / parquet forms: storage copy)
+METADATA = "metadata.jsonl"  # datasets' imagefolder metadata file, the form this index reads
+OTHER_METADATA = ("metadata.csv", "metadata.parquet")  # datasets reads these too; this index does not
+
+
+def _unread_metadata(path: Path) -> DatasetError:
+    return DatasetError(f"{path}: data.storage: source reads one metadata.jsonl at a split's root; "
+                        "convert it, or use data.storage: copy")
 
 
 def _metadata_rows(split_dir: Path, src: str) -> dict[str, list]:
@@ -84,13 +100,10 @@ def _metadata_rows(split_dir: Path, src: str) -> dict[str, list]:
     return rows
 
 
-def _unsupported_metadata(split_dir: Path) -> Path | None:
-    """A metadata file below the split's root, or one in a form this index does not read."""
-    for pattern in ("*/**/metadata.*", "metadata.csv", "metadata.parquet"):
-        found = next(iter(sorted(split_dir.glob(pattern))), None)
-        if found is not None:
-            return found
-    return None
+def _nested_metadata(split_dir: Path) -> Path | None:
+    """A metadata file below the root of a ``metadata.jsonl`` split (a walk of its tree: such splits are
+    flat folders whose every file the check reads anyway)."""
+    return next(iter(sorted(split_dir.glob("*/**/metadata.*"))), None)
 
 
 def index_image_folder(source: str | os.PathLike, splits: dict[str, str]) -> dict:
@@ -106,10 +119,9 @@ def index_image_folder(source: str | os.PathLike, splits: dict[str, str]) -> dic
     for src in splits.values():
         if not (root / src).is_dir():
             raise DatasetError(f"image folder {root} has no split directory {src!r}; fix data.train_split / eval_split")
-        odd = _unsupported_metadata(root / src)
-        if odd is not None:
-            raise DatasetError(f"{odd}: data.storage: source reads one metadata.jsonl at a split's root; "
-                               "convert it, or use data.storage: copy")
+        other = next((root / src / f for f in OTHER_METADATA if (root / src / f).exists()), None)
+        if other is not None:
+            raise _unread_metadata(other)
     with_meta = {name: (root / src / METADATA).is_file() for name, src in splits.items()}
     if len(set(with_meta.values())) > 1:
         raise DatasetError(f"image folder {root}: splits {sorted(k for k, v in with_meta.items() if v)} have a "
@@ -118,6 +130,9 @@ def index_image_folder(source: str | os.PathLike, splits: dict[str, str]) -> dic
     if all(with_meta.values()):
         out = {}
         for name, src in splits.items():
+            nested = _nested_metadata(root / src)
+            if nested is not None:
+                raise _unread_metadata(nested)
             rows = _metadata_rows(root / src, src)
             features = datasets.Features({"path": datasets.Value("string"),
                                           **({"label": datasets.Value("int64")} if "label" in rows else {}),
