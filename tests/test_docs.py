@@ -1,0 +1,391 @@
+"""The documentation holds: README.md and docs/*.md link only to files and headings that exist, every
+docs page is reachable from the README, every command in their code blocks names a Makefile target, DVC
+stage, params key, script or module that exists, every repository path they quote exists, and no tracked
+file speaks of how the project was built (work sessions, issue numbers, leads, helpers) instead of
+what it is: that history lives in `git log`. reports/paper/ transcribes the paper and is left out.
+
+Both checks read files only (git ls-files, Makefile, dvc.yaml files, params.yaml); nothing runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------------------------ project history --
+# Each pattern names one way of writing project history into a file. They are written for the project's
+# own technical vocabulary, which must still pass: `distributed.session` and "the stage's session" (a
+# process group), pytest's scope="session", the tests' `helpers` module and "the helpers the config modules
+# share", upstream bug reports cited as `owner/repo#N` or "big_vision issue #110", and "lead" the verb
+# ("lead to"). tests/test_docs.py holds the patterns and is left out.
+HISTORY_PATTERNS = {
+    "a numbered session": r"\bsessions?\s*#?\d+",
+    "a session in time": r"\b(earlier|previous|past|prior|later|next|last|this|that|another|whole|same|first|second)"
+                         r"\s+sessions?\b",
+    "sessions, plural": r"\bsessions\b",
+    "a session's budget": r"\bsession'?s?\s+(\d+[- ]minutes?|budget|time\b)",
+    "work done in a session": r"\b(calls?|end|start|part)\s+of\s+(a|one|the)\s+session\b"
+                              r"|\b(in|by|during)\s+(a|one|the)\s+(GPU\s+)?session\s+that\b",
+    "a numbered issue": r"(?<!big_vision )\bissues?\s*#?\d+",
+    "the issue as a source": r"\b(the|this|that|an|each|every|from\s+the)\s+issue'?s?\b(?!\s+(a|an)\s)",
+    "an issue's possessive": r"\bissue's\b",
+    "the lead (a person)": r"\blead's\b|\bthe\s+lead\b(?!\s+(to|in|time|of|and)\b)|\b(our|project|tech)\s+lead\b",
+    "a helper (a person)": r"\bhelper'?s'?\s+(session|agent|note|report|checkout)|\bhelper's\b"
+                           r"|\b(a|the|another|one|each)\s+helper\b(?!\s+(function|module|class|method|script)s?\b)",
+    "the tooling that built it": r"\bdevice tool\b|\b(GPU|device) time (budget|left|ran out)",
+}
+HISTORY_RE = {name: re.compile(p, re.IGNORECASE) for name, p in HISTORY_PATTERNS.items()}
+HISTORY_EXEMPT = ("reports/paper/", "tests/test_docs.py", "dvc.lock")
+BINARY_SUFFIXES = {".png", ".jpg", ".jpeg", ".gz", ".npz", ".whl", ".pdf"}
+
+
+def tracked_text_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout
+    files = [f for f in out.decode().split("\0") if f]
+    # files of this checkout not yet committed count too (a new docs page)
+    out = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard"], cwd=REPO, check=True,
+                         capture_output=True).stdout
+    files += [f for f in out.decode().split("\0") if f]
+    return sorted(f for f in set(files) if (REPO / f).is_file() and not f.startswith(HISTORY_EXEMPT)
+                  and Path(f).suffix.lower() not in BINARY_SUFFIXES)
+
+
+def history_phrases(text: str) -> list[tuple[int, str, str]]:
+    """(line, pattern name, matched text) of every history phrase in ``text``."""
+    hits = []
+    for name, rx in HISTORY_RE.items():
+        for m in rx.finditer(text):
+            hits.append((text.count("\n", 0, m.start()) + 1, name, m.group(0)))
+    return sorted(hits)
+
+
+def test_history_patterns_catch_history_and_spare_the_vocabulary():
+    history = ["measured in session 9", "19 min in an earlier session", "the lead's checkout", "(issue 19)",
+               "the issue's targets", "Targets (from the issue)", "no GPU in the session that built it",
+               "lent to this project's sessions", "the session's 30-minute budget", "one call of the device tool",
+               "a helper measured it", "Issue 4, part 1", "at the end of a session", "in two calls of one session"]
+    vocabulary = ["with distributed.session('cpu') as ctx:", "the stage's session (launch.metrics_stage)",
+                  '@pytest.fixture(scope="session")', "from helpers import REPO", "the helpers the other config "
+                  "modules share", "big_vision issue #110", "NVIDIA/nccl#1497", "this would lead to a hang",
+                  "a session of this call's own", "scored in the session ``ctx``", "a helper function",
+                  "the lead to the probe", "every session runs this switch"]
+    for phrase in history:
+        assert history_phrases(phrase), f"not caught: {phrase!r}"
+    for phrase in vocabulary:
+        assert not history_phrases(phrase), f"caught, but it is the project's vocabulary: {phrase!r}"
+
+
+def test_no_tracked_file_tells_the_projects_history():
+    found = []
+    for rel in tracked_text_files():
+        try:
+            text = (REPO / rel).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{rel}:{line}: {match!r} ({name})" for line, name, match in history_phrases(text)]
+    assert not found, ("project history in tracked files (say what the project is; the history is in git log):\n"
+                       + "\n".join(found))
+
+
+# ---------------------------------------------------------------------------- links and commands --
+DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+LINK_RE = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE_RE = re.compile(r"^```[ \t]*(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
+# Directories the pipeline writes and git ignores: a path quoted under them names an output, not a file.
+OUTPUT_DIRS = ("data/", "runs/", "checkpoints/", "dvc_plots/", ".whl/", ".venv/", "~/", "/")
+# Files of the upstream projects the docs cite, named with the project first: `big_vision/configs/vit_i21k.py`.
+UPSTREAM = ("big_vision/", "task_adaptation/", "timm/", "mmseg/", "mmsegmentation/", "mmengine/", "mmcv/",
+            "open_clip/", "torch/", "pytorch/")
+
+
+def strip_code(text: str) -> str:
+    """``text`` without fenced blocks (their lines kept blank, so line numbers hold)."""
+    return FENCE_RE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, markup and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading.strip())
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = text.lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+@cache
+def anchors(rel: str) -> frozenset[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in strip_code((REPO / rel).read_text()).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = github_slug(m.group(1))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return frozenset(out)
+
+
+def link_errors(rel: str) -> list[str]:
+    text = strip_code((REPO / rel).read_text())
+    text = re.sub(r"`[^`\n]*`", "", text)  # a link inside inline code is an example, not a link
+    errors = []
+    for m in LINK_RE.finditer(text):
+        target = m.group(1) or m.group(2)
+        line = text.count("\n", 0, m.start()) + 1
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (REPO / rel).parent / path if path else REPO / rel
+        dest_rel = dest.resolve().relative_to(REPO.resolve()).as_posix() if dest.exists() else None
+        if dest_rel is None:
+            errors.append(f"{rel}:{line}: link to {target!r}: no such file")
+        elif anchor and dest_rel.endswith(".md") and anchor not in anchors(dest_rel):
+            errors.append(f"{rel}:{line}: link to {target!r}: no heading with that anchor in {dest_rel}")
+    return errors
+
+
+def quoted_path_errors(rel: str) -> list[str]:
+    """Inline-code spans that name a repository file (``src/...``, ``tests/x.py``, ``reports/y.md``) must
+    exist, at the root or under src/dpnrepro/ (the docs name package files from there: ``data/loader.py``)."""
+    text = strip_code((REPO / rel).read_text())
+    errors = []
+    for m in re.finditer(r"`([^`\n]+)`", text):
+        span = m.group(1).strip()
+        for token in re.split(r"[\s,;()]+", span):
+            token = token.rstrip(":.")
+            if not re.fullmatch(r"[\w.\-]+(/[\w.\-]+)+/?", token) or not re.search(r"\.(py|md|yaml|yml|json|sh|txt|toml|csv|png)$|/$", token):
+                continue
+            if token.startswith(OUTPUT_DIRS + UPSTREAM) or _is_output(token):
+                continue
+            if not any((base / token).exists() for base in (REPO, REPO / "src/dpnrepro", REPO / "src")):
+                errors.append(f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: `{token}`: no such file")
+    return errors
+
+
+@cache
+def _dvc_outputs() -> frozenset[str]:
+    """Every out, metric and plot path the dvc.yaml files declare (written by the pipeline, maybe not yet)."""
+    outs = set()
+    for dvc_file in dvc_files():
+        doc = yaml.safe_load((REPO / dvc_file).read_text()) or {}
+        base = (REPO / dvc_file).parent
+        for stage in (doc.get("stages") or {}).values():
+            wdir = base / stage.get("wdir", ".")
+            for key in ("outs", "metrics", "plots"):
+                for item in stage.get(key) or []:
+                    p = next(iter(item)) if isinstance(item, dict) else item
+                    outs.add((wdir / p).resolve().relative_to(REPO.resolve()).as_posix())
+    return frozenset(outs)
+
+
+def _is_output(token: str) -> bool:
+    return token.rstrip("/") in _dvc_outputs() or any(o.startswith(token) for o in _dvc_outputs())
+
+
+@cache
+def dvc_files() -> tuple[str, ...]:
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    return tuple(f for f in out.split() if f == "dvc.yaml" or f.endswith("/dvc.yaml"))
+
+
+@cache
+def dvc_stages() -> dict[str, frozenset[str]]:
+    """dvc.yaml path -> its stage names."""
+    return {f: frozenset((yaml.safe_load((REPO / f).read_text()) or {}).get("stages") or {}) for f in dvc_files()}
+
+
+@cache
+def make_targets() -> frozenset[str]:
+    return frozenset(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", (REPO / "Makefile").read_text(), re.MULTILINE))
+
+
+@cache
+def params_keys() -> frozenset[str]:
+    keys = set()
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                keys.add(prefix + str(k))
+                walk(v, prefix + str(k) + ".")
+    for f in ("params.yaml", "study/params.yaml"):
+        walk(yaml.safe_load((REPO / f).read_text()), "")
+    return frozenset(keys)
+
+
+def module_exists(name: str) -> bool:
+    top = name.split(".")[0]
+    if top == "dpnrepro":
+        base = REPO / "src" / Path(*name.split("."))
+        return base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _stage_target_error(target: str) -> str | None:
+    """``target`` of ``dvc repro``/``status``/...: a stage of dvc.yaml, a dvc.yaml file, or file:stage."""
+    file, _, stage = target.rpartition(":") if ":" in target else ("", "", target)
+    if target.endswith("dvc.yaml"):
+        file, stage = target, ""
+    if file:
+        if file not in dvc_stages():
+            return f"no pipeline file {file}"
+        return None if not stage or stage in dvc_stages()[file] else f"no stage {stage!r} in {file}"
+    return None if stage in dvc_stages().get("dvc.yaml", ()) else f"no stage {stage!r} in dvc.yaml"
+
+
+def command_error(words: list[str]) -> str | None:
+    """Why the command ``words`` names something that does not exist, or None."""
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # FOO=1 cmd
+        words = words[1:]
+    if not words:
+        return None
+    prog, args = words[0], words[1:]
+    if prog == "make":
+        for a in args:
+            if a.startswith("-") or "=" in a:
+                continue
+            if a not in make_targets():
+                return f"no Makefile target {a!r}"
+        return None
+    if prog in ("python", "python3"):
+        if args[:1] == ["-m"] and len(args) > 1:
+            if not module_exists(args[1]):
+                return f"no module {args[1]}"
+            rest = args[2:]
+        elif args and not args[0].startswith("-"):
+            if not (REPO / args[0]).is_file():
+                return f"no script {args[0]}"
+            rest = args[1:]
+        else:
+            return None
+        for a in rest:  # files a command reads (python -m pytest tests/test_x.py)
+            if re.fullmatch(r"[\w./-]+\.py(::\S+)?", a) and not (REPO / a.split("::")[0]).is_file():
+                return f"no file {a}"
+        return None
+    if prog == "torchrun":
+        scripts = [a for a in args if a.endswith(".py")]
+        return None if all((REPO / s).is_file() for s in scripts) else f"no script among {scripts}"
+    if prog == "bash" and args and args[0].endswith(".sh"):
+        return None if (REPO / args[0]).is_file() else f"no script {args[0]}"
+    if prog != "dvc" or not args:
+        return None
+    sub = args[0]
+    if sub == "exp" and args[1:2] == ["run"]:
+        sub, args = "exp run", args[1:]
+    rest = args[1:]
+    positional, i = [], 0
+    while i < len(rest):
+        a = rest[i]
+        if a in ("-S", "--set-param"):
+            key = rest[i + 1].split("=", 1)[0]
+            key = key.split(":", 1)[1] if ":" in key else key
+            if key not in params_keys():
+                return f"no params key {key!r} (dvc exp run -S)"
+            i += 2
+            continue
+        if a in ("-s", "--single-item"):
+            i += 1
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        positional.append(a)
+        i += 1
+    if sub in ("repro", "exp run", "status", "push", "pull", "commit", "fetch", "checkout"):
+        for t in positional:
+            if "/" in t and not t.endswith("dvc.yaml") and ":" not in t and sub != "repro":
+                if not (REPO / t).exists() and t not in _dvc_outputs():
+                    return f"no file or output {t}"
+                continue
+            err = _stage_target_error(t)
+            if err:
+                return err
+        return None
+    if sub in ("metrics", "plots", "params"):
+        for t in positional[1:]:
+            if re.search(r"\.(json|yaml|csv|tsv|png)$", t) and not (REPO / t).exists() and t not in _dvc_outputs():
+                return f"no file {t}"
+        return None
+    return None
+
+
+def code_commands(rel: str) -> list[tuple[int, list[str]]]:
+    """(line, words) of every shell command in ``rel``'s fenced shell blocks (comments and prompts dropped,
+    ``&&``, ``;`` and ``|`` split)."""
+    text = (REPO / rel).read_text()
+    cmds = []
+    for m in FENCE_RE.finditer(text):
+        if m.group(1) not in SHELL_LANGS:
+            continue
+        first = text.count("\n", 0, m.start()) + 2
+        body = m.group(2).replace("\\\n", " \n")
+        for k, line in enumerate(body.splitlines()):
+            line = line.strip()
+            if line.startswith("$ "):
+                line = line[2:]
+            if not line or line.startswith("#") or line.startswith("|"):
+                continue
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:
+                continue
+            part: list[str] = []
+            for w in [*words, "&&"]:
+                if w in ("&&", "||", ";", "|"):
+                    if part:
+                        cmds.append((first + k, part))
+                    part = []
+                else:
+                    part.append(w)
+    return cmds
+
+
+def readme_reach_errors() -> list[str]:
+    """The README links every docs page (docs/ holds what the README leaves out)."""
+    readme = strip_code((REPO / "README.md").read_text())
+    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme)}
+    pages = [p for p in DOCS if p != "README.md"]
+    if not pages:
+        return ["README.md: no docs/*.md page to link to: the README links each topic it leaves out"]
+    return [f"README.md: no link to {p}" for p in pages if p not in targets]
+
+
+def test_the_checker_catches_what_is_broken():
+    broken = [["make", "no-such-target"], ["dvc", "repro", "no_such_stage"], ["dvc", "repro", "study/dvc.yaml:nope"],
+              ["python", "-m", "dpnrepro.no_such_module"], ["python", "stages/no_such_stage.py"],
+              ["dvc", "exp", "run", "-S", "train.no_such_key=1"], ["PROFILE=mini", "make", "profle"],
+              ["python", "-m", "pytest", "tests/test_no_such_file.py"]]
+    for words in broken:
+        assert command_error(words), f"not caught: {' '.join(words)}"
+    fine = [["make", "profile", "PROFILE=mini"], ["dvc", "repro"], ["dvc", "repro", "table1"], ["make", "test"],
+            ["dvc", "repro", "benchmarks/dvc.yaml"], ["python", "-m", "dpnrepro.pipeline"],
+            ["dvc", "exp", "run", "-S", "train.lr=0.002"], ["dvc", "metrics", "diff", "HEAD~1", "--md"]]
+    for words in fine:
+        assert command_error(words) is None, f"refused: {' '.join(words)}: {command_error(words)}"
+    assert github_slug("Multi-GPU and multi-node (`dvc repro` owns the launch)") == \
+        "multi-gpu-and-multi-node-dvc-repro-owns-the-launch"
+
+
+def test_links_resolve_and_commands_name_what_exists():
+    errors = readme_reach_errors()
+    for rel in DOCS:
+        errors += link_errors(rel)
+        errors += quoted_path_errors(rel)
+        for line, words in code_commands(rel):
+            why = command_error(words)
+            if why:
+                errors.append(f"{rel}:{line}: `{' '.join(words)}`: {why}")
+    assert not errors, "broken links, paths or commands in the docs:\n" + "\n".join(errors)
