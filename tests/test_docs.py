@@ -29,13 +29,14 @@ HISTORY_PATTERNS = {
     "a numbered session": r"\bsessions?\s*#?\d+",
     "a session in time": r"\b(earlier|previous|past|prior|later|next|last|this|that|another|whole|same|first|second)"
                          r"\s+sessions?\b",
-    "sessions, plural": r"\bsessions\b",
+    "the project's sessions": r"\b(project'?s?|earlier|previous|past|prior|later|all|several|many|two|three)\s+sessions\b",
     "a session's budget": r"\bsession'?s?\s+(\d+[- ]minutes?|budget|time\b)",
     "work done in a session": r"\b(calls?|end|start|part)\s+of\s+(a|one|the)\s+session\b"
                               r"|\b(in|by|during)\s+(a|one|the)\s+(GPU\s+)?session\s+that\b",
     "a numbered issue": r"(?<!big_vision )\bissues?\s*#?\d+",
     "the issue as a source": r"\b(the|this|that|an|each|every|from\s+the)\s+issue'?s?\b(?!\s+(a|an)\s)",
     "an issue's possessive": r"\bissue's\b",
+    "an issue cited as the source": r"\(issues?\s*[;,:)]",
     "the lead (a person)": r"\blead's\b|\bthe\s+lead\b(?!\s+(to|in|time|of|and)\b)|\b(our|project|tech)\s+lead\b",
     "a helper (a person)": r"\bhelper'?s'?\s+(session|agent|note|report|checkout)|\bhelper's\b"
                            r"|\b(a|the|another|one|each)\s+helper\b(?!\s+(function|module|class|method|script)s?\b)",
@@ -70,12 +71,14 @@ def test_history_patterns_catch_history_and_spare_the_vocabulary():
     history = ["measured in session 9", "19 min in an earlier session", "the lead's checkout", "(issue 19)",
                "the issue's targets", "Targets (from the issue)", "no GPU in the session that built it",
                "lent to this project's sessions", "the session's 30-minute budget", "one call of the device tool",
-               "a helper measured it", "Issue 4, part 1", "at the end of a session", "in two calls of one session"]
+               "a helper measured it", "Issue 4, part 1", "at the end of a session", "in two calls of one session",
+               '"mean over 3 runs" (issue; the paper prints', "more than a session's 30 minutes"]
     vocabulary = ["with distributed.session('cpu') as ctx:", "the stage's session (launch.metrics_stage)",
                   '@pytest.fixture(scope="session")', "from helpers import REPO", "the helpers the other config "
                   "modules share", "big_vision issue #110", "NVIDIA/nccl#1497", "this would lead to a hang",
                   "a session of this call's own", "scored in the session ``ctx``", "a helper function",
-                  "the lead to the probe", "every session runs this switch"]
+                  "the lead to the probe", "every session runs this switch",
+                  "sessions.append(device_name)", "assert sessions == [recipe]", "this issues a warning"]
     for phrase in history:
         assert history_phrases(phrase), f"not caught: {phrase!r}"
     for phrase in vocabulary:

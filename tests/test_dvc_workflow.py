@@ -1,4 +1,4 @@
-"""The user's DVC workflow (issue 22): `dvc metrics show/diff` list only the headline numbers, `dvc plots show`
+"""The user's DVC workflow: `dvc metrics show/diff` list only the headline numbers, `dvc plots show`
 renders every plot dvc.yaml defines, and two dvc.lock files are compared output by output (the end-to-end
 test, tests/test_pipeline.py, uses that on the real smoke `dvc repro`)."""
 
@@ -14,7 +14,7 @@ from helpers import REPO, copy_project, differing_outputs, git_init, plots_error
 
 GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 # `dvc metrics show` of the whole repository (paper, study and benchmarks): the smoke profile has 242 values
-# (167 of them the paper's); the issue's bound is a few hundred, against 2,983 before.
+# (167 of them the paper's); the bound: a few hundred, a diff a person reads.
 MAX_METRIC_VALUES = 300
 DVC_YAMLS = ("dvc.yaml", "study/dvc.yaml", "benchmarks/dvc.yaml")
 

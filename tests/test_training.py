@@ -86,7 +86,7 @@ def test_checkpoint_of_other_config_is_not_resumed(project):
 
 @pytest.mark.slow
 def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project):
-    """Issue 4, part 1, through DVC itself: the stage process is SIGKILLed right after its step-16
+    """Resume through DVC itself: the stage process is SIGKILLed right after its step-16
     checkpoint inside `dvc repro`; the next `dvc repro` resumes (not from scratch) and the weights are
     byte-identical to an uninterrupted run."""
     stage = "train-table1"  # trains every run of the sweep: here the one run Mu-7 dpn s0
@@ -149,11 +149,10 @@ def test_code_fingerprint_covers_exactly_the_train_stages_code_deps(tmp_path):
 
 @pytest.mark.parametrize("top, recipe", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_a_recipe_train_device_override_is_the_device_the_runs_train_on(project, monkeypatch, top, recipe):
-    """Issue 23: a run's settings are resolved once and passed down. The `train-<sweep>` stage enters its one
+    """A run's settings are resolved once and passed down. The `train-<sweep>` stage enters its one
     session with the sweep's resolved ``train.device`` (here a recipe override of the top level), configures
-    determinism once, resolves the recipe once per (arch, variant), and its runs train on that device. Before,
-    the stage entered the session with the top-level device and the run and the trainer entered it again,
-    reusing the first; determinism was configured 5 times and the recipe resolved 8 times for these 2 runs."""
+    determinism once, resolves the recipe once per (arch, variant), and its runs train on that device. It fails
+    when the stage enters the session with the top-level device, or the run or the trainer enters it again."""
     import shutil
 
     import torch

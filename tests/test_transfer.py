@@ -381,7 +381,7 @@ def test_scratch_search_trains_step_1s_winner_once_when_canonical_says_so():
 
 
 # ---------------------------------------------------------------------------------------------------
-# Audit (issue 21): what reaches the model
+# Audit: what reaches the model
 
 
 PROFILES = ["params.yaml", "profiles/mini.yaml", "profiles/full.yaml"]

@@ -3,7 +3,7 @@
 # on-device batch ("synthetic": real photos, no input pipeline) and the trainer's own loop on real JPEG
 # input for B/16 and Ti/16, eager and compiled, a profile of Ti/16's step, and the mini profile's `table1`
 # sweep through `dvc repro`. Each phase writes under RES (default /tmp/gpu_validation) and is skipped when
-# its outputs exist, so the run can be split over several calls of a lent machine:
+# its outputs exist, so the run can be split over several runs on a GPU machine:
 #
 #   bash benchmarks/measured/run_gpu.sh                       # every phase
 #   bash benchmarks/measured/run_gpu.sh tests step loop       # some phases

@@ -1,4 +1,4 @@
-"""Peak host memory of evaluation on a split and on the same kind of split ``k`` times larger (issue 19).
+"""Peak host memory of evaluation on a split and on the same kind of split ``k`` times larger.
 
 What one measurement runs, in a fresh process (so its peak RSS is evaluation's, not the caller's): the
 smoke profile's evaluation of one run, as the ``evaluate-*`` stages do it — top-1 on ``minival`` and
@@ -188,7 +188,7 @@ def measure(image_size: int, scales=(1, 10), *, allocator: str = "trim", repeats
 
 def render(results: list[dict], machine: str) -> str:
     """The markdown report of :func:`measure` results (``[{"image_size", "code", "scales": measure(...)}]``)."""
-    lines = ["# Evaluation memory (issue 19)", "",
+    lines = ["# Evaluation memory", "",
              "Peak RSS of the smoke profile's evaluation of one run (top-1 on minival and val, 25-shot probe on "
              "train → val, the few-shot pool fixed at the profile's 650) on real Fashion-MNIST splits at the smoke "
              "sizes (scale 1) and 10× larger, each in a fresh single-threaded process without loader workers "

@@ -89,7 +89,7 @@ def render_markdown(res: dict) -> str:
     if cpu:
         lines += [
             "",
-            "> **CPU run.** The issue's targets (B/16 DPN ≥ 50 % MFU in bf16 on one H100; DPN overhead over the "
+            "> **CPU run.** The benchmark's targets (B/16 DPN ≥ 50 % MFU in bf16 on one H100; DPN overhead over the "
             "conv stem ≤ 1 % for B/16 and ≤ 3 % for Ti/16) are GPU targets and were **not evaluated** here. "
             "MFU is n/a (there is no reliable CPU peak); the \"vs matmul\" column compares with the fp32 matmul "
             "rate measured above on this machine, which is not MFU. The stem comparisons below are CPU fp32 "
@@ -136,7 +136,7 @@ def render_markdown(res: dict) -> str:
         for key in ("dpn_vs_conv", "linear_vs_conv", "conv_vs_timm", "dpn_vs_timm"):
             cells.append("n/a" if key not in c else f"{_pct_ci(c[key])} {c[key]['resolved']}")
         lines.append(f"| {arch} | " + " | ".join(cells) + " |")
-    lines += ["", "## Targets (from the issue)", "",
+    lines += ["", "## Targets", "",
               "| target | required | measured, median [95 % CI] | verdict |", "|---|---:|---:|---|"]
     for t in res["targets"].values():
         verdict = t["verdict"] if t["verdict"] in ("not evaluated", "not resolved") else f"**{t['verdict']}**"

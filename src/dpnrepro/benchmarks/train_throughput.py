@@ -68,7 +68,7 @@ from dpnrepro.training.distributed import pick_device
 __all__ = ["COMPARISONS", "DEFAULT_OPTIM", "TARGETS", "measure_matmul_tflops", "photo_batch", "render_markdown",
            "run_benchmark", "timm_reference_name"]
 
-# The issue's targets (GPU, bf16): B/16 DPN MFU on one H100, and DPN's step-time overhead over conv.
+# The benchmark's targets (GPU, bf16): B/16 DPN MFU on one H100, and DPN's step-time overhead over conv.
 TARGETS = {
     "b16_dpn_mfu_pct": {"arch": "B-16", "what": "B/16 DPN MFU, bf16, one H100", "op": ">=", "threshold": 50.0},
     "b16_dpn_overhead_pct": {"arch": "B-16", "what": "B/16 DPN step-time overhead over conv stem", "op": "<=",
@@ -329,7 +329,7 @@ def run_benchmark(
 
     import timm
 
-    b16_fwd = vit_forward_flops("B/16", img_size=224, num_classes=1000).total  # the issue's reference point
+    b16_fwd = vit_forward_flops("B/16", img_size=224, num_classes=1000).total  # the targets' reference point
     return {
         "device_type": dev.type,
         "device": device_name,

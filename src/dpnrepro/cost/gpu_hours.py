@@ -8,8 +8,7 @@ measured stem; the measurement with the profile's ``runtime.compile`` setting if
 ViT training step was measured at that arch and resolution (and for LiT, whose step is not one),
 training FLOPs (:mod:`dpnrepro.benchmarks.flops`, 3 × forward) ÷ (the device's bf16 peak × the MFU
 measured for the nearest arch: the same arch at the nearest resolution, else the measurement closest in
-FLOPs per image). Without any measurement: FLOPs at an assumed 40 % MFU of an H100 SXM, the convention
-of the README's earlier estimates.
+FLOPs per image). Without any measurement: FLOPs at an assumed 40 % MFU of an H100 SXM.
 
 The FLOPs of the sweeps come from :mod:`dpnrepro.benchmarks.flops`, of Tables 3 and 7 from
 :mod:`dpnrepro.cost.transfer`, of Table 4 from :mod:`dpnrepro.cost.lit`, of Table 5 from the mmseg config.

@@ -29,7 +29,7 @@ backpropagated with its slice of that cached gradient. Peak activation memory is
 cost is one more text-tower forward per step. Chunking changes the result only by float rounding
 (parameter gradients are summed over chunks), so it is an execution setting, not tracked by DVC.
 Activation memory per caption, measured (saved-tensor bytes of open_clip's TextTransformer, 16
-tokens; ``python -m dpnrepro.lit.memory``): see README, *LiT on N devices*.
+tokens; ``python -m dpnrepro.lit.memory``): see docs/lit.md, *LiT on N devices*.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""reports/README.md: one table listing every table and figure of the paper's pipeline (issue 13).
+"""reports/README.md: one table listing every table and figure of the paper's pipeline.
 
 Per report: the DVC stage that writes it, the profile, hardware and seeds of its results, an identifier
 of those results, the paper's headline Δ next to ours, and what it would cost on a GPU at the full
@@ -278,8 +278,8 @@ def _table6(summary: dict, docs: list[dict]) -> tuple[str, str, list[dict]]:
 
 
 def _as_delta(delta) -> dict:
-    """A Δ of Table 7's summary: ``{mean, ci95, chance, learned, at_chance}``, or a bare number (before
-    session 10's summaries recorded ``learned``)."""
+    """A Δ of Table 7's summary: ``{mean, ci95, chance, learned, at_chance}``, or a bare number (a summary
+    written before summaries recorded ``learned``)."""
     return delta if isinstance(delta, dict) else {"mean": delta, "ci95": None}
 
 

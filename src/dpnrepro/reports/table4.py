@@ -24,7 +24,7 @@ CLASSIFIER_TEXT = {
                  "prompt embeddings normalised, averaged per class, renormalised",
 }
 
-# Item 5 of issue 21: the one place this pipeline departs from big_vision's LiT config on purpose.
+# The one place this pipeline departs from big_vision's LiT config on purpose.
 IMAGE_PIPELINE = (
     "Image pipeline (not big_vision's `lit_coco.py`): every image, for LiT training and zero-shot evaluation "
     "alike, goes through its locked tower's own evaluation preprocessing (its pretraining run's "
