@@ -4,6 +4,7 @@ bit for bit is tests/test_pipeline.py's job."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -130,16 +131,20 @@ def test_switch_is_set_before_the_process_group_is_created(monkeypatch, restore_
 
 
 def test_cpu_kernels_are_pinned_in_every_process_that_imports_dpnrepro():
-    """ATen, MKL and oneDNN dispatch by CPU model unless pinned; a stage pins them and its threads."""
-    probe = ("import torch, os, dpnrepro\n"
-             "from dpnrepro.cpu_determinism import pin_threads, describe\n"
+    """ATen, MKL, oneDNN, NumPy, OpenBLAS and OpenCV dispatch by CPU unless pinned; a stage pins them, its
+    threads and its convolution path (what each library then reports: tests/test_kernel_fingerprint.py)."""
+    from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV
+
+    probe = ("import torch, os, json, dpnrepro\n"
+             "from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, pin_threads\n"
              "pin_threads()\n"
-             "print(torch.backends.cpu.get_cpu_capability(), os.environ['MKL_CBWR'], os.environ['ONEDNN_MAX_CPU_ISA'],"
-             " torch.get_num_threads())")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DPNREPRO_CPU_THREADS")}
+             "print(json.dumps([torch.backends.cpu.get_cpu_capability(), {k: os.environ[k] for k in INSTRUCTION_SET_ENV},"
+             " torch.get_num_threads(), torch.backends.mkldnn.enabled]))")
+    env = {k: v for k, v in os.environ.items() if k not in (*INSTRUCTION_SET_ENV, KERNELS_ENV, "DPNREPRO_CPU_THREADS")}
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["AVX2", "AVX2,STRICT", "AVX2", "2"]
+    capability, pinned, threads, onednn = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (capability, threads, onednn) == ("AVX2", 2, False)
+    assert pinned == INSTRUCTION_SET_ENV and pinned["MKL_CBWR"] == "COMPATIBLE,STRICT"
 
 
 def test_hardware_label_of_results_names_the_reproducibility_class_not_the_cpu_model():

@@ -1,0 +1,64 @@
+"""Same bits on every x86 CPU: the CPU kernels this machine runs give the committed bits, op by op
+(src/dpnrepro/kernel_fingerprint.py), and the vendor-neutral kernel choices are the ones in force.
+
+A machine whose GEMM, convolution, LayerNorm, NumPy or OpenCV kernels differ from the machine that wrote
+tests/fixtures/kernel_fingerprint.json fails here in a minute, naming the op, instead of in the
+end-to-end hash comparison of tests/test_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, stage_env
+
+from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV
+from dpnrepro.kernel_fingerprint import COMMITTED, diff
+
+PROBE = ("import json, dpnrepro.kernel_fingerprint as k; "
+         "print(json.dumps({'in_force': k.in_force(), 'hashes': k.fingerprint(), 'versions': k.versions()}))")
+
+
+def _fresh_process(**env) -> dict:
+    """The fingerprint in a new process started as a stage is (the project's pins, its 2 threads)."""
+    base = {k: v for k, v in stage_env(no_thread_pin=True).items() if k not in INSTRUCTION_SET_ENV and k != KERNELS_ENV}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env={**base, **env}, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pinned():
+    return _fresh_process()
+
+
+def test_every_cpu_op_gives_the_committed_bits(pinned):
+    committed = json.loads(COMMITTED.read_text())
+    found = pinned
+    assert found["versions"] == committed["versions"], (
+        f"library versions {found['versions']} differ from the fingerprint's {committed['versions']}: a pin changed; "
+        "record it again with `python -m dpnrepro.kernel_fingerprint --write` and regenerate the results")
+    differ = diff(found["hashes"], committed["hashes"])
+    assert not differ, (f"this CPU's kernels give other bits than {committed['machine']} in: {', '.join(differ)} "
+                        f"(kernel choices here: {found['in_force']}; there: {committed['in_force']})")
+
+
+def test_the_vendor_neutral_kernel_choices_are_in_force(pinned):
+    """What each library reports it runs, not what the environment asks: an AMD CPU asked for MKL's AVX2
+    branch runs AUTO, which only MKL_VERBOSE shows."""
+    seen = pinned["in_force"]
+    assert seen["mkl_branch"] == "COMPATIBLE,STRICT"
+    assert seen["aten"] == "AVX2"
+    assert seen["mkldnn_conv"] == "False"
+    assert seen["numpy_dispatch"] == "X86_V3", "NumPy dispatches past AVX2: NPY_DISABLE_CPU_FEATURES not in force"
+    assert seen["openblas_coretype"] == "Haswell"
+    assert "AVX512-SKX" not in seen["opencv_dispatch"].replace("AVX512-SKX?", ""), seen["opencv_dispatch"]
+    assert seen["opencv_ipp"] == "False"
+    assert seen["threads"] == "2"
+
+
+def test_the_native_opt_out_gives_the_cpus_own_kernels():
+    seen = _fresh_process(**{KERNELS_ENV: "native"})["in_force"]
+    assert seen["mkl_branch"] != "COMPATIBLE,STRICT" and seen["mkldnn_conv"] == "True"
