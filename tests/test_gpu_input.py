@@ -284,3 +284,52 @@ def test_gpu_benchmark_report_rows():
     assert "| `gpu` | read bytes, parse header, draw crop / flip / RandAugment | 11408 [11059, 11639] | 0.29 |" in md
     assert "| `pil` | 14 | 2000 | 2.40 | 7.9 |" in md and "| `gpu` | 14 | 9000 | 0.20 | 0.7 |" in md
     assert "20000 img/s, 0.050 ms" in md and "max |diff| 2, mean 0.013" in md
+
+
+def _burn(seconds: float) -> None:
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_benchmark_cpu_time_counts_joined_children():
+    """A loader worker joined inside the window still counts (the negative "CPU ms per image" of issue 32)."""
+    import multiprocessing
+
+    import psutil
+
+    from dpnrepro.benchmarks.gpu_input import _cpu_s
+
+    proc = psutil.Process()
+    before = _cpu_s(proc)
+    child = multiprocessing.get_context("fork").Process(target=_burn, args=(0.4,))
+    child.start()
+    child.join()
+    assert _cpu_s(proc) - before >= 0.35
+
+
+def test_benchmark_window_holds_exactly_its_batches(monkeypatch):
+    """A pipeline that makes batch k + 1 before handing over batch k (the device path's producer): the work
+    done between the two marks is that of exactly ``steps`` batches, the loader is not exhausted inside it."""
+    import dpnrepro.benchmarks.gpu_input as gi
+
+    made = []
+
+    def batches(ds, cfg, sampler, workers, num_classes, device):
+        def gen():
+            pending = None
+            for _ in range(len(sampler)):  # one batch ahead, as DeviceBatches / a prefetching loader
+                made.append(1)
+                if pending is not None:
+                    yield pending
+                pending = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2))
+            if pending is not None:
+                yield pending
+        return gen()
+
+    monkeypatch.setattr("dpnrepro.data.loader.train_batches", batches)
+    monkeypatch.setattr(gi, "_cpu_s", lambda proc: float(len(made)))  # "CPU seconds" = batches made so far
+    r = gi.end_to_end("gpu", "cpu", workers=0, batch=2, steps=20, warmup=5, ds=list(range(64)))
+    assert r["cpu_s_per_img"] * r["steps_timed"] * r["batch"] == 20

@@ -11,7 +11,9 @@ transform (224 px, ``crop_sampler`` big_vision, flip, RandAugment ``rand-n2-m15-
   flip, RandAugment): img/s (wall, synchronised with a blocking event) and the main process's CPU s per image.
 * ``end_to_end``: the trainer's own batches (:func:`dpnrepro.data.loader.train_batches`, ``workers`` loader
   processes, images on the device) for every backend, no model: wall img/s and CPU s per image of the main
-  process plus its workers (psutil) over the timed window → cores for 3,300 img/s = 3,300 x CPU s per image.
+  process plus its workers (live ones by psutil, joined ones by ``RUSAGE_CHILDREN``) over a window of exactly
+  20 batches in steady state (the sampler runs past it: :func:`lookahead`) → cores for 3,300 img/s =
+  3,300 x CPU s per image.
 * ``agreement`` (CUDA): the device path on CUDA against the same plans on the CPU (nvJPEG vs libjpeg-turbo
   decode, float kernels): max and mean |diff| in grey levels.
 
@@ -137,8 +139,12 @@ def device_rate(device: str, batch: int = 256, rounds: int = 10) -> dict:
 
 
 def _cpu_s(proc) -> float:
-    """CPU seconds of ``proc`` and its live children (loader workers)."""
-    total = sum(proc.cpu_times()[:2])
+    """CPU seconds of ``proc``, of its children already joined (``RUSAGE_CHILDREN``: loader workers shut down
+    inside the window) and of its live children (psutil)."""
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = sum(proc.cpu_times()[:2]) + kids.ru_utime + kids.ru_stime
     for child in proc.children(recursive=True):
         try:
             total += sum(child.cpu_times()[:2])
@@ -147,24 +153,39 @@ def _cpu_s(proc) -> float:
     return total
 
 
+def lookahead(workers: int, prefetch_factor: int = 2) -> int:
+    """Batches the pipeline may have made beyond the one handed over: the loader's prefetch and the device
+    path's producer queue. The sampler runs that many past the window, so the loader is never exhausted (its
+    workers idle or joined) inside it and the window's work is that of its own batches."""
+    return max(1, workers) * prefetch_factor + 4
+
+
 def end_to_end(backend: str, device: str, workers: int, batch: int = 256, steps: int = 20, warmup: int = 5,
                ds=None) -> dict:
     """The trainer's batches for ``backend`` (no model) from ``ds`` (default: the photos, in memory): wall img/s
-    and CPU s per image (main process + loader workers)."""
+    and CPU s per image (main process + loader workers) over a window of exactly ``steps`` batches in steady
+    state (marks after batch ``warmup`` and after batch ``warmup + steps``; the sampler runs on past it)."""
     import psutil
 
     from dpnrepro.data.loader import StepBatchSampler, train_batches
 
     device = torch.device(device)
     ds = _split(max(4 * batch, 1024)) if ds is None else ds
-    sampler = StepBatchSampler(len(ds), batch, seed=0, start_step=0, total_steps=warmup + steps)
+    sampler = StepBatchSampler(len(ds), batch, seed=0, start_step=0,
+                               total_steps=warmup + steps + lookahead(workers))
     proc, sync = psutil.Process(), _Sync(device)
     marks = {}
-    for k, (images, _) in enumerate(train_batches(ds, {**INPUT, "backend": backend}, sampler, workers, 10, device)):
-        images = images.to(device, non_blocking=True)  # the trainer's copy (a no-op for gpu)
-        if k + 1 in (warmup, warmup + steps):
-            sync()
-            marks[k + 1] = (time.perf_counter(), _cpu_s(proc))
+    batches = iter(train_batches(ds, {**INPUT, "backend": backend}, sampler, workers, 10, device))
+    try:
+        for k, (images, _) in enumerate(batches, start=1):
+            images = images.to(device, non_blocking=True)  # the trainer's copy (a no-op for gpu)
+            if k in (warmup, warmup + steps):
+                sync()
+                marks[k] = (time.perf_counter(), _cpu_s(proc))
+            if k == warmup + steps:
+                break
+    finally:
+        getattr(batches, "close", lambda: None)()
     (t0, c0), (t1, c1) = marks[warmup], marks[warmup + steps]
     cpu_per_img = (c1 - c0) / (steps * batch)
     return {"backend": backend, "workers": workers, "batch": batch, "steps_timed": steps,
