@@ -71,10 +71,10 @@ def test_plans_refuse_ops_without_a_device_version():
 
 # --- crop + resize + flip ----------------------------------------------------------------------------
 
-# Measured here: big_vision 0-0.2 % of the values differ (by 1; float op order); torchvision ~15 % (by 1: torch's
-# uint8 antialias kernel is fixed-point, the float path rounds once). A box off by one pixel gives far more.
-@pytest.mark.parametrize("sampler,size,mean_bound", [("big_vision", 224, 0.01), ("torchvision", 256, 0.2)])
-def test_device_crop_and_flip_match_the_cpu_path(photos, sampler, size, mean_bound):
+# Measured here: big_vision bit-exact (TF's float32 taps and operation order); torchvision ~16 % of the values by 1
+# (torch's uint8 antialias kernel is fixed-point, the float path rounds once). A box off by one pixel gives far more.
+@pytest.mark.parametrize("sampler,size,max_bound,mean_bound", [("big_vision", 224, 0, 0.0), ("torchvision", 256, 1, 0.2)])
+def test_device_crop_and_flip_match_the_cpu_path(photos, sampler, size, max_bound, mean_bound):
     blobs = photos * 3
     seeds = [1000 + 7 * k for k in range(len(blobs))]
     plan = PlanTransform(size, 3, crop_sampler=sampler)
@@ -85,8 +85,8 @@ def test_device_crop_and_flip_match_the_cpu_path(photos, sampler, size, mean_bou
     cpu = FastTrainTransform(size, 3, randaug="", crop_sampler=sampler, uint8=True)
     ref = torch.stack([_seeded(lambda: cpu(b), s)[0] for b, s in zip(blobs, seeds)])
     diff = (out.int() - ref.int()).abs()
-    assert diff.max() <= 1, f"max {diff.max()}"
-    assert diff.float().mean() < mean_bound, f"mean {diff.float().mean()}"
+    assert diff.max() <= max_bound, f"max {diff.max()}"
+    assert diff.float().mean() <= mean_bound, f"mean {diff.float().mean()}"
     assert 0 < sum(p.flip for p in plans) < len(plans)
     torch.random.set_rng_state(state[0]), random.setstate(state[1])
 
@@ -135,6 +135,29 @@ def test_device_ops_match_the_cpu_path_and_pil(crops, spec):
         for (name, ref), bound in zip(refs.items(), BOUNDS.get((spec, op.name), (0, 0))):
             diff = (out.int() - torch.stack(ref).int()).abs().max().item()
             assert diff <= bound, f"{op.name} vs {name}: max |diff| {diff} > {bound}"
+
+
+@pytest.mark.parametrize("spec", [BIGVISION, TIMM])
+def test_one_layer_of_mixed_ops_matches_pil_image_by_image(crops, spec):
+    """A layer whose images each draw another op (every op of the spec, skipped ones too), run as one batch by
+    masks: each image is PIL's result of its own op, bit for bit."""
+    from PIL import Image
+
+    from dpnrepro.data.gpu_ops import augment_layer, encode_op, layer_kinds
+
+    ops = randaugment(spec, 224, 3).ops
+    xs, rows, refs = [], [], []
+    for k in range(2 * len(ops)):
+        op, arr = ops[k % len(ops)], crops[k % len(crops)]
+        drawn, _ = _seeded(lambda: draw_op(op, 224), 100 + k)
+        ref, _ = _seeded(lambda: op(Image.fromarray(arr)), 100 + k)
+        xs.append(torch.from_numpy(arr).permute(2, 0, 1))
+        rows.append(encode_op(drawn, 224))
+        refs.append(torch.from_numpy(np.array(ref)).permute(2, 0, 1))
+    rows = torch.tensor(rows, dtype=torch.float64)
+    out = augment_layer(torch.stack(xs), rows, *layer_kinds(rows))
+    for k, (got, ref) in enumerate(zip(out, refs)):
+        assert torch.equal(got, ref), f"image {k} ({ops[k % len(ops)].name}): max |diff| {(got.int() - ref.int()).abs().max()}"
 
 
 # Measured on 56 images (the 7 photos x 8 seeds): big_vision 224 px mean 0.0012, 0.008 % of the values off by > 1;
