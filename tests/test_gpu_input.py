@@ -356,3 +356,61 @@ def test_benchmark_window_holds_exactly_its_batches(monkeypatch):
     monkeypatch.setattr(gi, "_cpu_s", lambda proc: float(len(made)))  # "CPU seconds" = batches made so far
     r = gi.end_to_end("gpu", "cpu", workers=0, batch=2, steps=20, warmup=5, ds=list(range(64)))
     assert r["cpu_s_per_img"] * r["steps_timed"] * r["batch"] == 20
+
+
+# --- on CUDA (skipped without a GPU) ---------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _packed(photos, size, sampler, randaug, n=16):
+    from dpnrepro.data.gpu import pack
+
+    plan = PlanTransform(size, 3, randaug=randaug, crop_sampler=sampler)
+    blobs = (photos * n)[:n]
+    return pack([_seeded(lambda: plan(b), 11 * k + 1)[0] for k, b in enumerate(blobs)], size, 3)
+
+
+@cuda
+@pytest.mark.parametrize("sampler,randaug", [("big_vision", BIGVISION), ("torchvision", TIMM)])
+def test_cuda_augmentation_never_waits_for_the_device(photos, sampler, randaug):
+    """Upload, crop + resize + flip and every RandAugment layer: no host synchronisation (decode excluded:
+    nvJPEG waits on its own stream, in the producer thread)."""
+    aug = DeviceAugment(224, 3, "cuda", sampler)
+    batch = _packed(photos, 224, sampler, randaug, n=32)
+    flat = aug.decode(batch)
+    aug.augment(flat, batch)  # warm-up: kernels, pinned-memory pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = aug.augment(flat, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.shape == (32, 3, 224, 224) and out.is_cuda
+
+
+@cuda
+@pytest.mark.parametrize("sampler,randaug", [("big_vision", BIGVISION), ("torchvision", TIMM)])
+def test_cuda_augmentation_is_the_cpu_one_on_the_same_decoded_pixels(photos, sampler, randaug):
+    """Given libjpeg-turbo's pixels, the device computes what the CPU computes, bit for bit (gathers, float32
+    elementwise ops in the CPU's order, integer and float64 LUTs; no TF32 anywhere)."""
+    batch = _packed(photos, 224, sampler, randaug)
+    flat = DeviceAugment(224, 3, "cpu", sampler).decode(batch)
+    got = DeviceAugment(224, 3, "cuda", sampler).augment(flat.cuda(), batch).cpu()
+    ref = DeviceAugment(224, 3, "cpu", sampler).augment(flat, batch)
+    assert torch.equal(got, ref), f"max |diff| {(got.int() - ref.int()).abs().max()}"
+
+
+@cuda
+def test_cuda_producer_thread_hands_over_every_batch_in_order(photos):
+    from dpnrepro.data.gpu import DeviceBatches
+
+    batches = [(_packed(photos, 64, "big_vision", BIGVISION, n=8), torch.full((8,), k)) for k in range(5)]
+    aug = DeviceAugment(64, 3, "cuda", "big_vision")
+    got = list(DeviceBatches(batches, aug))
+    assert [int(t[0]) for _, t in got] == list(range(5))
+    for (images, _), (batch, _) in zip(got, batches):
+        assert torch.equal(images.cpu(), aug(batch).cpu())
+    stream = iter(DeviceBatches(batches, aug))  # abandoned early: the producer stops
+    next(stream)
+    stream.close()

@@ -95,12 +95,13 @@ def cpu_rates(n: int = 100, rounds: int = 10, seed: int = 0) -> dict:
 
 
 def _plans(n: int, seed: int = 0):
-    from dpnrepro.data.gpu import PlanBatch
+    """A packed batch of ``n`` photos, as the loader workers hand it over."""
+    from dpnrepro.data.gpu import pack
     from dpnrepro.data.loader import TransformedSplit
 
     transform, prep = _worker_transform("gpu")
     view = TransformedSplit(prep(_split(n)), transform)
-    return PlanBatch([view[(i, seed * 1_000_003 + i)][0] for i in range(n)])
+    return pack([view[(i, seed * 1_000_003 + i)][0] for i in range(n)], INPUT["image_size"], 3)
 
 
 class _Sync:
@@ -117,25 +118,31 @@ class _Sync:
 
 
 def device_rate(device: str, batch: int = 256, rounds: int = 10) -> dict:
-    """img/s and main-process CPU s per image of :class:`DeviceAugment` on batches of ``batch`` plans."""
+    """img/s and main-process CPU s per image of :class:`DeviceAugment` on a packed batch of ``batch`` photos:
+    the whole device half, the decode alone and the augmentation alone (crop + RandAugment on decoded pixels)."""
     from dpnrepro.data.gpu import DeviceAugment
 
     device = torch.device(device)
-    plans = _plans(batch)
+    packed = _plans(batch)
     aug, sync = DeviceAugment(INPUT["image_size"], 3, device, INPUT["crop_sampler"]), _Sync(device)
-    for _ in range(2):  # warm-up: nvJPEG handles, kernels
-        aug(plans)
+    flat = aug.decode(packed)
+    parts = {"all": lambda: aug(packed), "decode": lambda: aug.decode(packed), "augment": lambda: aug.augment(flat, packed)}
+    for fn in parts.values():  # warm-up: nvJPEG handles, kernels
+        fn()
     sync()
-    rates, cpu = [], []
+    rates, cpu = {k: [] for k in parts}, []
     for _ in range(rounds):
-        c0, t0 = time.process_time(), time.perf_counter()
-        aug(plans)
-        sync()
-        rates.append(batch / (time.perf_counter() - t0))
-        cpu.append((time.process_time() - c0) / batch)
-    med, lo, hi, _ = median_ci(rates)
+        for name, fn in parts.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            sync()
+            rates[name].append(batch / (time.perf_counter() - t0))
+            if name == "all":
+                cpu.append((time.process_time() - c0) / batch)
+    med, lo, hi, _ = median_ci(rates["all"])
     return {"batch": batch, "img_per_s": med, "ci": None if lo is None else [lo, hi],
-            "main_cpu_s_per_img": median_ci(cpu)[0], "rounds_img_per_s": rates}
+            "main_cpu_s_per_img": median_ci(cpu)[0], "rounds_img_per_s": rates["all"],
+            "decode_img_per_s": median_ci(rates["decode"])[0], "augment_img_per_s": median_ci(rates["augment"])[0]}
 
 
 def _cpu_s(proc) -> float:
@@ -193,16 +200,36 @@ def end_to_end(backend: str, device: str, workers: int, batch: int = 256, steps:
             "cores_for_b16": B16_IMG_PER_S * cpu_per_img}
 
 
-def agreement(batch: int = 64) -> dict:
-    """The device path on CUDA against the same plans on the CPU: |diff| in grey levels."""
-    from dpnrepro.data.gpu import DeviceAugment
+def _diff(a: torch.Tensor, b: torch.Tensor) -> dict:
+    d = (a.cpu().int() - b.cpu().int()).abs().float()
+    return {"max_abs_diff": d.max().item(), "mean_abs_diff": d.mean().item(), "frac_over_1": (d > 1).float().mean().item()}
 
-    plans = _plans(batch, seed=1)
-    out = {d: DeviceAugment(INPUT["image_size"], 3, d, INPUT["crop_sampler"])(plans).cpu().int()
-           for d in ("cuda", "cpu")}
-    diff = (out["cuda"] - out["cpu"]).abs().float()
-    return {"images": batch, "max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
-            "frac_over_1": (diff > 1).float().mean().item()}
+
+def agreement(batch: int = 64) -> dict:
+    """The device path on CUDA against the same plans on the CPU, |diff| in grey levels: end to end, and each
+    stage alone on the same input: the decode (nvJPEG vs libjpeg-turbo), crop + resize + flip on the CPU's
+    decoded pixels, each RandAugment op on the CPU's crops."""
+    from dpnrepro.data.gpu import ROW, DeviceAugment, PackedBatch, draw_op
+    from dpnrepro.data.gpu_ops import apply_batched, device_op_name
+    from dpnrepro.data.randaugment import randaugment
+
+    packed = _plans(batch, seed=1)
+    aug = {d: DeviceAugment(INPUT["image_size"], 3, d, INPUT["crop_sampler"]) for d in ("cuda", "cpu")}
+    out = {"images": batch, **_diff(aug["cuda"](packed), aug["cpu"](packed))}
+    flat = aug["cpu"].decode(packed)
+    out["decode"] = _diff(aug["cuda"].decode(packed), flat)
+    crop_only = PackedBatch(packed.data, packed.params[:, :len(ROW)], packed.where)
+    crops = aug["cpu"].augment(flat, crop_only)
+    out["crop_resize_flip"] = _diff(aug["cuda"].augment(flat.cuda(), crop_only), crops)
+    out["ops"] = {}
+    random.seed(0)
+    for op in randaugment(INPUT["randaug"], INPUT["image_size"], 3).ops:
+        params = [d[1:] for d in (draw_op(op, INPUT["image_size"]) for _ in range(batch)) if d is not None]
+        if params:
+            name = device_op_name(op)
+            x = crops[: len(params)]
+            out["ops"][op.name] = _diff(apply_batched(name, x.cuda(), params), apply_batched(name, x, params))
+    return out
 
 
 def render_markdown(res: dict) -> str:
@@ -227,7 +254,9 @@ def render_markdown(res: dict) -> str:
     dev = res.get("device_half")
     if dev:
         lines += [f"Device half (`DeviceAugment`, batch {dev['batch']}): {dev['img_per_s']:.0f} img/s, "
-                  f"{dev['main_cpu_s_per_img'] * 1e3:.3f} ms of main-process CPU per image.", ""]
+                  f"{dev['main_cpu_s_per_img'] * 1e3:.3f} ms of main-process CPU per image"
+                  + (f"; decode alone {dev['decode_img_per_s']:.0f} img/s, crop + RandAugment alone "
+                     f"{dev['augment_img_per_s']:.0f} img/s" if "decode_img_per_s" in dev else "") + ".", ""]
     e2e = res.get("end_to_end")
     if e2e:
         lines += ["## The trainer's batches end to end (no model)", "",
@@ -242,6 +271,13 @@ def render_markdown(res: dict) -> str:
         lines += [f"CUDA vs CPU on the same plans ({agr['images']} images): max |diff| {agr['max_abs_diff']:.0f}, "
                   f"mean {agr['mean_abs_diff']:.3f} grey levels, {100 * agr['frac_over_1']:.2f} % of the values "
                   "off by > 1.", ""]
+        stages = [("decode", agr.get("decode")), ("crop + resize + flip", agr.get("crop_resize_flip")),
+                  *((f"op {k}", v) for k, v in agr.get("ops", {}).items())]
+        if any(v for _, v in stages):
+            lines += ["| stage alone, same input | max |diff| | mean |diff| | % off by > 1 |", "|---|---:|---:|---:|"]
+            lines += [f"| {k} | {v['max_abs_diff']:.0f} | {v['mean_abs_diff']:.4f} | {100 * v['frac_over_1']:.3f} |"
+                      for k, v in stages if v]
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -272,7 +272,8 @@ class DeviceBatches:
 
     def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
         device = self.augment.device
-        torch.cuda.set_device(device)
+        if device.index is not None:
+            torch.cuda.set_device(device)
         stream = torch.cuda.Stream(device)
 
         def put(item) -> bool:
