@@ -289,6 +289,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--skip-end-to-end", action="store_true")
+    ap.add_argument("--skip-cpu", action="store_true", help="skip the per-core worker rates (the CPU half)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--out-md")
     args = ap.parse_args(argv)
@@ -299,7 +300,8 @@ def main(argv=None) -> None:
     res = {"command": "python -m dpnrepro.benchmarks.gpu_input " + " ".join(sys.argv[1:] if argv is None else argv),
            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "cpus": os.cpu_count(),
            "torch": torch.__version__, "input": INPUT, "load_before": [round(x, 2) for x in os.getloadavg()]}
-    res["cpu"] = cpu_rates(rounds=args.rounds)
+    if not args.skip_cpu:
+        res["cpu"] = cpu_rates(rounds=args.rounds)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
     if args.device == "cuda":
         res["device_half"] = device_rate(args.device, rounds=args.rounds)
