@@ -154,7 +154,7 @@ def pack(plans: list[Plan], size: int, channels: int) -> PackedBatch:
         rows.append(row + [v for op in ops for v in encode_op(op, size)])
         blobs.append(blob)
         start, offset = start + len(blob), offset + channels * h * w
-    data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8) if start else torch.empty(0, dtype=torch.uint8)
+    data = torch.frombuffer(bytearray().join(blobs), dtype=torch.uint8) if start else torch.empty(0, dtype=torch.uint8)
     return PackedBatch(data, torch.tensor(rows, dtype=torch.float64), tuple(p.where for p in plans))
 
 
