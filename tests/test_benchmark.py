@@ -212,7 +212,7 @@ def test_the_benchmarks_headline_is_cut_from_their_results_and_is_their_only_dvc
         assert json.loads((REPO / f"metrics/headline/{name}.json").read_text()) == json.loads(json.dumps(fn(detail)))
 
 
-# --- step levers (issue 32) ---------------------------------------------------------------------------------
+# --- step levers ---------------------------------------------------------------------------------------
 
 def test_stage_cli_passes_the_step_levers_and_the_op_profile(tmp_path, monkeypatch):
     from dpnrepro.benchmarks.contenders import Contender

@@ -318,7 +318,7 @@ def _burn(seconds: float) -> None:
 
 
 def test_benchmark_cpu_time_counts_joined_children():
-    """A loader worker joined inside the window still counts (the negative "CPU ms per image" of issue 32)."""
+    """A loader worker joined inside the window still counts (else "CPU ms per image" can come out negative)."""
     import multiprocessing
 
     import psutil

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 32's GPU measurement in one call of a lent H100 (about 9 minutes): side by side on one card,
+# The GPU speed measurement in one run on an H100 machine (about 9 minutes): side by side on one card,
 #   - the CUDA tests of the batched gpu input path (no host sync, CUDA == CPU on the same decoded pixels);
 #   - B/16 DPN trainer loop (full profile, table1 recipe, compiled, batch 256, real JPEGs) with
 #     input.backend gpu, then pil;

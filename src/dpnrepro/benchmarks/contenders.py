@@ -153,7 +153,7 @@ def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | Non
 
 
 # ---------------------------------------------------------------------------------------------------
-# Step levers (issue 32): each a flag of stages/benchmark.py; the defaults are the trainer's step
+# Step levers: each a flag of stages/benchmark.py; the defaults are the trainer's step
 
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")

@@ -1,4 +1,4 @@
-"""One arch's compiled training step under each step lever, one after another in one process (issue 32).
+"""One arch's compiled training step under each step lever, one after another in one process.
 
 Each lever is a :func:`~dpnrepro.benchmarks.train_throughput.run_benchmark` of the same model, batch of real
 photos and recipe (the full profile's ``table1`` optimizer and clipping for the arch; fp32 master weights,

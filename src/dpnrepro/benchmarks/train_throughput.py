@@ -206,7 +206,7 @@ def run_benchmark(
     memory gets an ``error`` row. All models of one arch are resident at once (memory: one arch's models
     and optimizer states, plus one model's activations).
 
-    Step levers (:class:`~dpnrepro.benchmarks.contenders.StepLevers`, issue 32): ``sdpa_backend``,
+    Step levers (:class:`~dpnrepro.benchmarks.contenders.StepLevers`): ``sdpa_backend``,
     ``compile_mode``, ``compiled_optimizer``, ``channels_last``; recorded under ``levers`` when any differs
     from the trainer's step. ``profile_ops``: after the rounds, each model's step profiled by kernel group
     (:func:`~dpnrepro.benchmarks.step_profile.kernel_breakdown`), under ``op_profile``.

@@ -24,7 +24,7 @@ class BenchmarkParams(_Section):
     compile: bool = False
     cudagraphs: bool = Field(False, description="with compile, on CUDA: CUDA graphs (runtime.cudagraphs)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # step levers (issue 32; contenders.StepLevers): the defaults are the trainer's step
+    # step levers (contenders.StepLevers): the defaults are the trainer's step
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field(
         "auto", description="attention kernel (torch.nn.attention.sdpa_kernel)")
     compile_mode: Literal["default", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
