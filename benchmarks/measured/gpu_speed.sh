@@ -51,7 +51,7 @@ job() {  # job NAME MAX_S COMMAND...: under `timeout`, within the overall budget
 
 phase_env() {
   if [ -d .whl ] && ! $PY -c "import pydantic, datasets" 2>/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    timeout 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   fi
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     $PY -c "import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.version.cuda)"
