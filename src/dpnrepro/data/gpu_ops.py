@@ -260,10 +260,12 @@ def _filtered(src: torch.Tensor, sx: torch.Tensor, sy: torch.Tensor, bicubic: bo
     return _cubic(*rows, dy).clamp(0, 255).trunc().to(torch.uint8)
 
 
-def _sample_pass(x: torch.Tensor, p: torch.Tensor, code: torch.Tensor, filters: set[int]) -> torch.Tensor:
+def _sample_pass(x: torch.Tensor, p: torch.Tensor, code: torch.Tensor, filters: set[int],
+                 geometric: bool = True) -> torch.Tensor:
     """Geometric ops and Cutout in one pass: each image's source pixel through its inverse matrix (the identity
     for other ops), nearest in PIL's fixed point or float64 floor, ``filters`` (PIL codes other than nearest the
-    layer uses) by their PIL filter; then the fill colour where the source is outside (Cutout: inside its square)."""
+    layer uses) by their PIL filter; then the fill colour where the source is outside (Cutout: inside its square).
+    Without ``geometric`` (a layer of Cutouts only) the source is ``x`` itself."""
     from PIL import Image
 
     n, c, h, w = x.shape
@@ -282,7 +284,7 @@ def _sample_pass(x: torch.Tensor, p: torch.Tensor, code: torch.Tensor, filters: 
                      sy.floor().long())
     outside = (ix < 0) | (ix >= w) | (iy < 0) | (iy >= h)
     idx = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(n, 1, h * w).expand(-1, c, -1)
-    picked = x.reshape(n, c, h * w).gather(2, idx).view(n, c, h, w)
+    picked = x.reshape(n, c, h * w).gather(2, idx).view(n, c, h, w) if geometric else x
     affine = code == CODES["Affine"]
     resample = _col(p, "resample", torch.int64)
     continuous = (sx < 0) | (sx >= w) | (sy < 0) | (sy >= h)  # PIL's filters test the point itself
@@ -309,7 +311,7 @@ def augment_layer(x: torch.Tensor, p: torch.Tensor, present: set[str], filters: 
         if name in present:
             x = torch.where((code == CODES[name]).view(-1, 1, 1, 1), op().to(torch.uint8), x)
     if present & {"Affine", "Cutout"}:
-        x = _sample_pass(x, p, code, filters)
+        x = _sample_pass(x, p, code, filters, geometric="Affine" in present)
     return x
 
 
