@@ -139,11 +139,11 @@ def test_device_ops_match_the_cpu_path_and_pil(crops, spec):
 
 @pytest.mark.parametrize("spec", [BIGVISION, TIMM])
 def test_one_layer_of_mixed_ops_matches_pil_image_by_image(crops, spec):
-    """A layer whose images each draw another op (every op of the spec, skipped ones too), run as one batch by
-    masks: each image is PIL's result of its own op, bit for bit."""
+    """A layer whose images each draw another op (every op of the spec, skipped ones too), run as one batch (sorted
+    into runs by op kind and back): each image is PIL's result of its own op, bit for bit."""
     from PIL import Image
 
-    from dpnrepro.data.gpu_ops import augment_layer, encode_op, layer_kinds
+    from dpnrepro.data.gpu_ops import augment_layer, encode_op, order_layer
 
     ops = randaugment(spec, 224, 3).ops
     xs, rows, refs = [], [], []
@@ -154,8 +154,8 @@ def test_one_layer_of_mixed_ops_matches_pil_image_by_image(crops, spec):
         xs.append(torch.from_numpy(arr).permute(2, 0, 1))
         rows.append(encode_op(drawn, 224))
         refs.append(torch.from_numpy(np.array(ref)).permute(2, 0, 1))
-    rows = torch.tensor(rows, dtype=torch.float64)
-    out = augment_layer(torch.stack(xs), rows, *layer_kinds(rows))
+    rows = order_layer(torch.tensor(rows, dtype=torch.float64))
+    out = augment_layer(torch.stack(xs), rows, rows)
     for k, (got, ref) in enumerate(zip(out, refs)):
         assert torch.equal(got, ref), f"image {k} ({ops[k % len(ops)].name}): max |diff| {(got.int() - ref.int()).abs().max()}"
 

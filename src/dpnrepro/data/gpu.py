@@ -15,7 +15,8 @@ Split of the work (same op chain as ``pil`` / ``fast``: inception crop → flip 
   runs :class:`DeviceAugment` on its own CUDA stream: the parameter tensor pinned and copied with one
   ``non_blocking`` copy, the JPEGs decoded in one call (nvJPEG through ``torchvision.io.decode_jpeg``; it
   waits on its stream, which blocks this thread only), crop + resize + flip of the whole batch as gathers
-  (:mod:`dpnrepro.data.gpu_resize`), RandAugment layer by layer by masks (:mod:`dpnrepro.data.gpu_ops`).
+  (:mod:`dpnrepro.data.gpu_resize`), RandAugment layer by layer, each op kind on its run of images
+  (:mod:`dpnrepro.data.gpu_ops`).
   No step of the augmentation reads a device value back (a CUDA test runs it under
   ``torch.cuda.set_sync_debug_mode("error")``): what the host decides (which op kinds a layer holds, the widest
   crop) it reads from its own copy of the parameters. The trainer's thread waits on an event per batch, so
@@ -141,8 +142,8 @@ class PackedBatch(NamedTuple):
 
 
 def pack(plans: list[Plan], size: int, channels: int) -> PackedBatch:
-    """The plans of a batch as one byte tensor and one parameter tensor."""
-    from dpnrepro.data.gpu_ops import encode_op
+    """The plans of a batch as one byte tensor and one parameter tensor (each layer's images sorted by op kind)."""
+    from dpnrepro.data.gpu_ops import LAYER, encode_op, order_layer
 
     layers = max((len(p.ops) for p in plans), default=0)
     blobs, rows, start, offset = [], [], 0, 0
@@ -155,7 +156,10 @@ def pack(plans: list[Plan], size: int, channels: int) -> PackedBatch:
         blobs.append(blob)
         start, offset = start + len(blob), offset + channels * h * w
     data = torch.frombuffer(bytearray().join(blobs), dtype=torch.uint8) if start else torch.empty(0, dtype=torch.uint8)
-    return PackedBatch(data, torch.tensor(rows, dtype=torch.float64), tuple(p.where for p in plans))
+    params = torch.tensor(rows, dtype=torch.float64)
+    for layer in range(layers):
+        order_layer(params[:, len(ROW) + layer * len(LAYER):len(ROW) + (layer + 1) * len(LAYER)])
+    return PackedBatch(data, params, tuple(p.where for p in plans))
 
 
 def collate_plans(batch, size: int, channels: int) -> tuple[PackedBatch, torch.Tensor]:
@@ -225,7 +229,7 @@ class DeviceAugment:
 
     def augment(self, flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         """Crop + resize + flip and RandAugment of the decoded batch; no device value is read back."""
-        from dpnrepro.data.gpu_ops import LAYER, augment_layer, layer_kinds
+        from dpnrepro.data.gpu_ops import LAYER, augment_layer
         from dpnrepro.data.gpu_resize import aa_taps_needed, antialiased, tf_bilinear
 
         p = upload(batch.params, self.device)
@@ -238,9 +242,7 @@ class DeviceAugment:
             x = tf_bilinear(flat, head, self.channels, self.size)
         for layer in range(batch.layers):
             cols = slice(len(ROW) + layer * len(LAYER), len(ROW) + (layer + 1) * len(LAYER))
-            present, filters = layer_kinds(batch.params[:, cols])
-            if present:
-                x = augment_layer(x, p[:, cols], present, filters)
+            x = augment_layer(x, p[:, cols], batch.params[:, cols])
         return x
 
     def __call__(self, batch: PackedBatch | PlanBatch) -> torch.Tensor:

@@ -1,19 +1,19 @@
-"""RandAugment on a batch of uint8 images on any device, one layer at a time, by masks (``input.backend: gpu``).
+"""RandAugment on a batch of uint8 images on any device, one layer at a time (``input.backend: gpu``).
 
 Every image of a batch has one op per layer (or none), with its arguments encoded by a worker in one float64
-row (:func:`encode_op`, :data:`LAYER`). A layer is at most four passes over the whole batch, each the identity
-for the images whose op is of another kind, so no image is ever selected by an index the host would have to
-read back from the device:
+row (:func:`encode_op`, :data:`LAYER`), and the worker sorts the layer's images by op kind (:func:`order_layer`).
+The device gathers the batch into that order once, runs each kind on its own run of images (bounds the host
+reads from its copy of the rows: no value comes back from the device), and gathers the result back:
 
-* **look-up-table ops**, all in one ``gather`` of a per-image-and-channel LUT (n, C, 256): Invert, Posterize,
-  Solarize, SolarizeAdd, Brightness, Contrast (both spellings), Equalize, AutoContrast;
-* **Color** and **Sharpness**, computed for the batch and kept by ``torch.where``;
+* **look-up-table ops**, all in one ``gather`` of a per-image-and-channel LUT (n, C, 256), each image's LUT
+  picked by ``torch.where`` on its op code: Invert, Posterize, Solarize, SolarizeAdd, Brightness, Contrast
+  (both spellings), Equalize, AutoContrast;
+* **Color** and **Sharpness**, each on its run;
 * **geometric ops and Cutout**, one affine sampling pass: each image's inverse matrix (the identity for
-  other ops) gives its source pixel, then the fill colour where the source is outside (Cutout: inside its
+  Cutout) gives its source pixel, then the fill colour where the source is outside (Cutout: inside its
   square).
 
-The host decides which passes run from the CPU copy of the parameters (which op kinds and filters the layer
-holds), never from device values. Arithmetic is the CPU path's (:func:`dpnrepro.data.randaugment.apply_op`:
+Arithmetic is the CPU path's (:func:`dpnrepro.data.randaugment.apply_op`:
 PIL / timm / OpenCV) where PIL's is known:
 
 ================================  ====================================================================
@@ -52,9 +52,10 @@ LUT_OPS = ("Invert", "Posterize", "Solarize", "SolarizeAdd", "Brightness", "Cont
            "Equalize", "AutoContrast")
 CODES = {name: k for k, name in enumerate(("none", *LUT_OPS, "Color", "Sharpness", "Cutout", "Affine"))}
 # one layer's float64 row: op code, level argument, filter, fill (3), Cutout's centre, the inverse matrix, the
-# same in PIL's 16.16 fixed point, 1 where nearest neighbour takes the fixed-point path
+# same in PIL's 16.16 fixed point, 1 where nearest neighbour takes the fixed-point path; then two columns of the
+# batch as a whole (:func:`order_layer`): the images sorted by op kind, and the way back
 LAYER = ("op", "arg", "resample", "fill0", "fill1", "fill2", "cy", "cx", "a", "b", "c", "d", "e", "f",
-         "fa", "fb", "fc", "fd", "fe", "ff", "fixed")
+         "fa", "fb", "fc", "fd", "fe", "ff", "fixed", "order", "inverse")
 _COL = {name: k for k, name in enumerate(LAYER)}
 _IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 
@@ -299,27 +300,46 @@ def _sample_pass(x: torch.Tensor, p: torch.Tensor, code: torch.Tensor, filters: 
     return torch.where(fill_here[:, None], fill, picked)
 
 
-def augment_layer(x: torch.Tensor, p: torch.Tensor, present: set[str], filters: set[int]) -> torch.Tensor:
+def order_layer(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (host, one layer) with its ``order`` column (the images sorted by op code, stably) and its
+    ``inverse`` column (where each image went) filled in."""
+    order = torch.argsort(rows[:, _COL["op"]], stable=True)
+    rows[:, _COL["order"]] = order.to(rows.dtype)
+    rows[order, _COL["inverse"]] = torch.arange(len(rows), dtype=rows.dtype)
+    return rows
+
+
+_RUNS = (("lut", LUT_OPS), ("Color", ("Color",)), ("Sharpness", ("Sharpness",)), ("sample", ("Cutout", "Affine")))
+
+
+def augment_layer(x: torch.Tensor, p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """One RandAugment layer on uint8 ``x`` (n, C, H, W): image k's op and arguments in row ``p[k]``
-    (:data:`LAYER`, on ``x``'s device); ``present``: the op names the layer holds, ``filters``: the PIL filters
-    other than nearest its geometric ops use (both read by the host from its copy of the rows)."""
-    code = _col(p, "op", torch.int64)
-    if present & set(LUT_OPS):
-        x = _lut_pass(x, p, code, present)
-    for name, op in (("Color", lambda: _blend(_grey(x).float(), x, _col(p, "arg").view(-1, 1, 1, 1))),
-                     ("Sharpness", lambda: _sharpness(x, _col(p, "arg")))):
-        if name in present:
-            x = torch.where((code == CODES[name]).view(-1, 1, 1, 1), op().to(torch.uint8), x)
-    if present & {"Affine", "Cutout"}:
-        x = _sample_pass(x, p, code, filters, geometric="Affine" in present)
-    return x
-
-
-def layer_kinds(rows: torch.Tensor) -> tuple[set[str], set[int]]:
-    """(op names, filters other than nearest of its geometric ops) of a layer's rows on the host."""
-    names = {name for name, k in CODES.items() if k and bool((rows[:, 0] == k).any())}
-    geo = rows[rows[:, 0] == CODES["Affine"]]
-    return names, {int(r) for r in geo[:, _COL["resample"]].unique().tolist() if int(r) != 0}
+    (:data:`LAYER`, on ``x``'s device, ordered by :func:`order_layer`); ``rows`` is the host's copy, from which
+    the host reads the runs' bounds and the filters the layer uses."""
+    codes = rows[:, _COL["op"]].long()
+    count = torch.bincount(codes, minlength=len(CODES)).tolist()
+    if count[0] == len(codes):
+        return x
+    order, inverse = p[:, _COL["order"]].long(), p[:, _COL["inverse"]].long()
+    xs, ps = x.index_select(0, order), p.index_select(0, order)
+    pieces, a = [xs[: count[0]]], count[0]
+    for kind, names in _RUNS:
+        b = a + sum(count[CODES[name]] for name in names)
+        if b > a:
+            xr, pr = xs[a:b], ps[a:b]
+            if kind == "lut":
+                pieces.append(_lut_pass(xr, pr, _col(pr, "op", torch.int64), {m for m in names if count[CODES[m]]}))
+            elif kind == "Color":
+                pieces.append(_blend(_grey(xr).float(), xr, _col(pr, "arg").view(-1, 1, 1, 1)).to(torch.uint8))
+            elif kind == "Sharpness":
+                pieces.append(_sharpness(xr, _col(pr, "arg")).to(torch.uint8))
+            else:
+                affine = rows[codes == CODES["Affine"], _COL["resample"]]
+                filters = {int(r) for r in affine.unique().tolist() if int(r) != 0}
+                pieces.append(_sample_pass(xr, pr, _col(pr, "op", torch.int64), filters,
+                                           geometric=bool(count[CODES["Affine"]])))
+        a = b
+    return torch.cat(pieces).index_select(0, inverse)
 
 
 def apply_batched(name: str, x: torch.Tensor, params: list) -> torch.Tensor:
@@ -327,5 +347,6 @@ def apply_batched(name: str, x: torch.Tensor, params: list) -> torch.Tensor:
     tests and tools; the loop encodes rows in its workers)."""
     if not math.prod(x.shape):
         return x
-    rows = torch.tensor([encode_op((name, args, extra), x.shape[-1]) for args, extra in params], dtype=torch.float64)
-    return augment_layer(x, rows.to(x.device), *layer_kinds(rows))
+    rows = order_layer(torch.tensor([encode_op((name, args, extra), x.shape[-1]) for args, extra in params],
+                                    dtype=torch.float64))
+    return augment_layer(x, rows.to(x.device), rows)
