@@ -59,14 +59,18 @@ def tf_bilinear(flat: torch.Tensor, head: torch.Tensor, channels: int, size: int
     flip = _col(head, "flip", torch.bool)
     x0, x1, fx = _flip_cols(x0, flip), _flip_cols(x1, flip), _flip_cols(fx, flip)
 
-    def at(rows, cols):
-        return torch.take(flat, _index(head, channels, rows, cols)).float()
+    i00 = _index(head, channels, y0, x0)  # the other three corners by a row / column step
+    down, right = ((y1 - y0) * _col(head, "W"))[:, None, :, None], (x1 - x0)[:, None, None, :]
+
+    def at(idx):
+        return torch.take(flat, idx).float()
 
     fx, fy = fx[:, None, None, :], fy[:, None, :, None]
-    top = at(y0, x0)
-    top = top + (at(y0, x1) - top) * fx
-    bottom = at(y1, x0)
-    bottom = bottom + (at(y1, x1) - bottom) * fx
+    top = at(i00)
+    top = top + (at(i00 + right) - top) * fx
+    i10 = i00 + down
+    bottom = at(i10)
+    bottom = bottom + (at(i10 + right) - bottom) * fx
     return (top + (bottom - top) * fy).clamp_(0, 255).to(torch.uint8)
 
 
