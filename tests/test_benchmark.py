@@ -210,3 +210,69 @@ def test_the_benchmarks_headline_is_cut_from_their_results_and_is_their_only_dvc
     assert [next(iter(m)) for m in stages["bench_input"]["metrics"]] == ["metrics/headline/input_pipeline.json"]
     for name, fn, detail in (("benchmarks", throughput_headline, result), ("input_pipeline", input_headline, res)):
         assert json.loads((REPO / f"metrics/headline/{name}.json").read_text()) == json.loads(json.dumps(fn(detail)))
+
+
+# --- step levers ---------------------------------------------------------------------------------------
+
+def test_stage_cli_passes_the_step_levers_and_the_op_profile(tmp_path, monkeypatch):
+    from dpnrepro.benchmarks.contenders import Contender
+
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    real_init, got = Contender.__init__, []
+    monkeypatch.setattr(Contender, "__init__", lambda self, *a, **kw: got.append(kw.get("levers")) or real_init(
+        self, *a, **kw))
+    monkeypatch.setattr(sys, "argv", [
+        "benchmark.py", "--params", str(REPO / "params.yaml"), "--archs", "Mu-7", "--stems", "dpn",
+        "--no-timm-reference", "--batch-size", "2", "--warmup-steps", "1", "--rounds", "6", "--steps-per-round", "1",
+        "--device", "cpu", "--img-size", "28", "--num-classes", "10", "--sdpa-backend", "math", "--channels-last",
+        "--profile-ops", "--out-json", str(out_json), "--out-md", str(out_md), "--no-progress"])
+    runpy.run_path(str(REPO / "stages" / "benchmark.py"), run_name="__main__")
+    res = json.loads(out_json.read_text())
+    assert res["levers"] == {"sdpa_backend": "math", "channels_last": True}
+    assert [lv.changed() for lv in got] == [res["levers"]]  # the contender ran with them
+    prof = res["results"]["Mu-7"]["dpn"]["op_profile"]
+    assert prof["ms_per_step"] > 0 and {g["group"] for g in prof["groups"]} & {"matmul", "attention"}
+    md = out_md.read_text()
+    assert "Step levers: `sdpa_backend=math`, `channels_last=True`." in md and "time by group" in md
+
+
+def test_levers_change_the_speed_not_the_step():
+    """The same model, batch and update with the math attention kernel and NHWC images: the same loss and weights."""
+    from dpnrepro.benchmarks.contenders import DEFAULT_OPTIM, Contender, StepLevers, photo_batch
+    from dpnrepro.models import build_vit
+    from dpnrepro.training.losses import one_hot_targets
+
+    images = photo_batch(4, 28)
+    targets = one_hot_targets(torch.arange(4) % 10, 10)
+    out = []
+    for levers in (StepLevers(), StepLevers(sdpa_backend="math", channels_last=True)):
+        torch.manual_seed(0)
+        model = build_vit("Mu/7", stem="dpn", img_size=28, num_classes=10)
+        c = Contender(model, "m", images, targets, optim_cfg=DEFAULT_OPTIM, grad_clip=1.0, compile_model=False,
+                      levers=levers)
+        out.append((c.step(), [p.detach().clone() for p in model.parameters()]))
+    assert torch.allclose(out[0][0], out[1][0], rtol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(out[0][1], out[1][1]))
+
+
+def test_compile_levers_reach_torch_compile(monkeypatch):
+    """compile_mode compiles forward + loss in that mode; compiled_optimizer compiles clipping + the step."""
+    from dpnrepro.benchmarks.contenders import DEFAULT_OPTIM, Contender, StepLevers, photo_batch
+    from dpnrepro.models import build_vit
+    from dpnrepro.training.losses import one_hot_targets
+
+    seen = []
+
+    def fake_compile(fn=None, *, mode=None, **kw):
+        seen.append((getattr(fn, "__name__", ""), mode))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    images, targets = photo_batch(2, 28), one_hot_targets(torch.arange(2), 10)
+    for levers in (StepLevers(), StepLevers(compile_mode="max-autotune-no-cudagraphs", compiled_optimizer=True)):
+        model = build_vit("Mu/7", stem="dpn", img_size=28, num_classes=10)
+        Contender(model, "m", images, targets, optim_cfg=DEFAULT_OPTIM, grad_clip=1.0, compile_model=True,
+                  levers=levers).step()
+    assert seen == [("loss_of", None), ("__call__", "max-autotune-no-cudagraphs"), ("update", None)]
+    with pytest.raises(UserError, match="sdpa_backend"):
+        StepLevers(sdpa_backend="fast")

@@ -71,10 +71,10 @@ def test_plans_refuse_ops_without_a_device_version():
 
 # --- crop + resize + flip ----------------------------------------------------------------------------
 
-# Measured here: big_vision 0-0.2 % of the values differ (by 1; float op order); torchvision ~15 % (by 1: torch's
-# uint8 antialias kernel is fixed-point, the float path rounds once). A box off by one pixel gives far more.
-@pytest.mark.parametrize("sampler,size,mean_bound", [("big_vision", 224, 0.01), ("torchvision", 256, 0.2)])
-def test_device_crop_and_flip_match_the_cpu_path(photos, sampler, size, mean_bound):
+# Measured here: big_vision bit-exact (TF's float32 taps and operation order); torchvision ~16 % of the values by 1
+# (torch's uint8 antialias kernel is fixed-point, the float path rounds once). A box off by one pixel gives far more.
+@pytest.mark.parametrize("sampler,size,max_bound,mean_bound", [("big_vision", 224, 0, 0.0), ("torchvision", 256, 1, 0.2)])
+def test_device_crop_and_flip_match_the_cpu_path(photos, sampler, size, max_bound, mean_bound):
     blobs = photos * 3
     seeds = [1000 + 7 * k for k in range(len(blobs))]
     plan = PlanTransform(size, 3, crop_sampler=sampler)
@@ -85,8 +85,8 @@ def test_device_crop_and_flip_match_the_cpu_path(photos, sampler, size, mean_bou
     cpu = FastTrainTransform(size, 3, randaug="", crop_sampler=sampler, uint8=True)
     ref = torch.stack([_seeded(lambda: cpu(b), s)[0] for b, s in zip(blobs, seeds)])
     diff = (out.int() - ref.int()).abs()
-    assert diff.max() <= 1, f"max {diff.max()}"
-    assert diff.float().mean() < mean_bound, f"mean {diff.float().mean()}"
+    assert diff.max() <= max_bound, f"max {diff.max()}"
+    assert diff.float().mean() <= mean_bound, f"mean {diff.float().mean()}"
     assert 0 < sum(p.flip for p in plans) < len(plans)
     torch.random.set_rng_state(state[0]), random.setstate(state[1])
 
@@ -135,6 +135,29 @@ def test_device_ops_match_the_cpu_path_and_pil(crops, spec):
         for (name, ref), bound in zip(refs.items(), BOUNDS.get((spec, op.name), (0, 0))):
             diff = (out.int() - torch.stack(ref).int()).abs().max().item()
             assert diff <= bound, f"{op.name} vs {name}: max |diff| {diff} > {bound}"
+
+
+@pytest.mark.parametrize("spec", [BIGVISION, TIMM])
+def test_one_layer_of_mixed_ops_matches_pil_image_by_image(crops, spec):
+    """A layer whose images each draw another op (every op of the spec, skipped ones too), run as one batch (sorted
+    into runs by op kind and back): each image is PIL's result of its own op, bit for bit."""
+    from PIL import Image
+
+    from dpnrepro.data.gpu_ops import augment_layer, encode_op, order_layer
+
+    ops = randaugment(spec, 224, 3).ops
+    xs, rows, refs = [], [], []
+    for k in range(len(ops) + 3):  # every op once, a few twice
+        op, arr = ops[k % len(ops)], crops[k % len(crops)]
+        drawn, _ = _seeded(lambda: draw_op(op, 224), 100 + k)
+        ref, _ = _seeded(lambda: op(Image.fromarray(arr)), 100 + k)
+        xs.append(torch.from_numpy(arr).permute(2, 0, 1))
+        rows.append(encode_op(drawn, 224))
+        refs.append(torch.from_numpy(np.array(ref)).permute(2, 0, 1))
+    rows = order_layer(torch.tensor(rows, dtype=torch.float64))
+    out = augment_layer(torch.stack(xs), rows, rows)
+    for k, (got, ref) in enumerate(zip(out, refs)):
+        assert torch.equal(got, ref), f"image {k} ({ops[k % len(ops)].name}): max |diff| {(got.int() - ref.int()).abs().max()}"
 
 
 # Measured on 56 images (the 7 photos x 8 seeds): big_vision 224 px mean 0.0012, 0.008 % of the values off by > 1;
@@ -284,3 +307,110 @@ def test_gpu_benchmark_report_rows():
     assert "| `gpu` | read bytes, parse header, draw crop / flip / RandAugment | 11408 [11059, 11639] | 0.29 |" in md
     assert "| `pil` | 14 | 2000 | 2.40 | 7.9 |" in md and "| `gpu` | 14 | 9000 | 0.20 | 0.7 |" in md
     assert "20000 img/s, 0.050 ms" in md and "max |diff| 2, mean 0.013" in md
+
+
+def _burn(seconds: float) -> None:
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_benchmark_cpu_time_counts_joined_children():
+    """A loader worker joined inside the window still counts (else "CPU ms per image" can come out negative)."""
+    import multiprocessing
+
+    import psutil
+
+    from dpnrepro.benchmarks.gpu_input import _cpu_s
+
+    proc = psutil.Process()
+    before = _cpu_s(proc)
+    child = multiprocessing.get_context("fork").Process(target=_burn, args=(0.4,))
+    child.start()
+    child.join()
+    assert _cpu_s(proc) - before >= 0.35
+
+
+def test_benchmark_window_holds_exactly_its_batches(monkeypatch):
+    """A pipeline that makes batch k + 1 before handing over batch k (the device path's producer): the work
+    done between the two marks is that of exactly ``steps`` batches, the loader is not exhausted inside it."""
+    import dpnrepro.benchmarks.gpu_input as gi
+
+    made = []
+
+    def batches(ds, cfg, sampler, workers, num_classes, device):
+        def gen():
+            pending = None
+            for _ in range(len(sampler)):  # one batch ahead, as DeviceBatches / a prefetching loader
+                made.append(1)
+                if pending is not None:
+                    yield pending
+                pending = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2))
+            if pending is not None:
+                yield pending
+        return gen()
+
+    monkeypatch.setattr("dpnrepro.data.loader.train_batches", batches)
+    monkeypatch.setattr(gi, "_cpu_s", lambda proc: float(len(made)))  # "CPU seconds" = batches made so far
+    r = gi.end_to_end("gpu", "cpu", workers=0, batch=2, steps=20, warmup=5, ds=list(range(64)))
+    assert r["cpu_s_per_img"] * r["steps_timed"] * r["batch"] == 20
+
+
+# --- on CUDA (skipped without a GPU) ---------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _packed(photos, size, sampler, randaug, n=16):
+    from dpnrepro.data.gpu import pack
+
+    plan = PlanTransform(size, 3, randaug=randaug, crop_sampler=sampler)
+    blobs = (photos * n)[:n]
+    return pack([_seeded(lambda: plan(b), 11 * k + 1)[0] for k, b in enumerate(blobs)], size, 3)
+
+
+@cuda
+@pytest.mark.parametrize("sampler,randaug", [("big_vision", BIGVISION), ("torchvision", TIMM)])
+def test_cuda_augmentation_never_waits_for_the_device(photos, sampler, randaug):
+    """Upload, crop + resize + flip and every RandAugment layer: no host synchronisation (decode excluded:
+    nvJPEG waits on its own stream, in the producer thread)."""
+    aug = DeviceAugment(224, 3, "cuda", sampler)
+    batch = _packed(photos, 224, sampler, randaug, n=32)
+    flat = aug.decode(batch)
+    aug.augment(flat, batch)  # warm-up: kernels, pinned-memory pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = aug.augment(flat, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.shape == (32, 3, 224, 224) and out.is_cuda
+
+
+@cuda
+@pytest.mark.parametrize("sampler,randaug", [("big_vision", BIGVISION), ("torchvision", TIMM)])
+def test_cuda_augmentation_is_the_cpu_one_on_the_same_decoded_pixels(photos, sampler, randaug):
+    """Given libjpeg-turbo's pixels, the device computes what the CPU computes, bit for bit (gathers, float32
+    elementwise ops in the CPU's order, integer and float64 LUTs; no TF32 anywhere)."""
+    batch = _packed(photos, 224, sampler, randaug)
+    flat = DeviceAugment(224, 3, "cpu", sampler).decode(batch)
+    got = DeviceAugment(224, 3, "cuda", sampler).augment(flat.cuda(), batch).cpu()
+    ref = DeviceAugment(224, 3, "cpu", sampler).augment(flat, batch)
+    assert torch.equal(got, ref), f"max |diff| {(got.int() - ref.int()).abs().max()}"
+
+
+@cuda
+def test_cuda_producer_thread_hands_over_every_batch_in_order(photos):
+    from dpnrepro.data.gpu import DeviceBatches
+
+    batches = [(_packed(photos, 64, "big_vision", BIGVISION, n=8), torch.full((8,), k)) for k in range(5)]
+    aug = DeviceAugment(64, 3, "cuda", "big_vision")
+    got = list(DeviceBatches(batches, aug))
+    assert [int(t[0]) for _, t in got] == list(range(5))
+    for (images, _), (batch, _) in zip(got, batches):
+        assert torch.equal(images.cpu(), aug(batch).cpu())
+    stream = iter(DeviceBatches(batches, aug))  # abandoned early: the producer stops
+    next(stream)
+    stream.close()

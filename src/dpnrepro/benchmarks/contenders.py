@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import io
 import os
@@ -21,7 +22,7 @@ import torch
 
 from dpnrepro.errors import UserError
 
-__all__ = ["DEFAULT_OPTIM", "Contender", "CpuPeakRss", "build_timm", "is_cuda_oom", "measure_matmul_tflops",
+__all__ = ["DEFAULT_OPTIM", "Contender", "StepLevers", "CpuPeakRss", "build_timm", "is_cuda_oom", "measure_matmul_tflops",
            "norm_arch", "photo_batch", "prepare", "timm_reference_name"]
 
 _TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
@@ -152,6 +153,55 @@ def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | Non
 
 
 # ---------------------------------------------------------------------------------------------------
+# Step levers: each a flag of stages/benchmark.py; the defaults are the trainer's step
+
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLevers:
+    """Ways to run the same step (fp32 master weights, bf16 autocast, same loss and update) faster.
+
+    ``sdpa_backend``: the attention kernel (``torch.nn.attention.sdpa_kernel``; ``auto``: torch's choice).
+    ``compile_mode``: torch.compile's mode for forward + loss (with ``compile``). ``compiled_optimizer``:
+    gradient clipping + optimizer step compiled as one region (with ``compile``). ``channels_last``: images
+    and 4-D weights in NHWC, the layout the patch embedding reads.
+    """
+
+    sdpa_backend: str = "auto"
+    compile_mode: str = "default"
+    compiled_optimizer: bool = False
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sdpa_backend not in SDPA_BACKENDS:
+            raise UserError(f"benchmark.sdpa_backend {self.sdpa_backend!r}: choose from {', '.join(SDPA_BACKENDS)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise UserError(f"benchmark.compile_mode {self.compile_mode!r}: choose from {', '.join(COMPILE_MODES)}")
+
+    @classmethod
+    def of(cls, settings) -> StepLevers:
+        """The levers among ``settings`` (a dict or an object with those attributes; missing: default)."""
+        get = settings.get if isinstance(settings, dict) else (lambda k, d: getattr(settings, k, d))
+        return cls(**{f.name: get(f.name, f.default) for f in dataclasses.fields(cls)})
+
+    def changed(self) -> dict:
+        """The levers that differ from the trainer's step."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
+
+    def sdpa_context(self) -> Callable[[], contextlib.AbstractContextManager]:
+        if self.sdpa_backend == "auto":
+            return contextlib.nullcontext
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                   "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[self.sdpa_backend]
+        return lambda: sdpa_kernel([backend])
+
+
+# ---------------------------------------------------------------------------------------------------
 # One model: build + warm-up (memory window), then timed blocks
 
 class Contender:
@@ -159,30 +209,52 @@ class Contender:
 
     def __init__(self, model: torch.nn.Module, name: str, images: torch.Tensor, targets: torch.Tensor, *,
                  optim_cfg, grad_clip: float, compile_model: bool, cudagraphs: bool = False,
-                 fused_optimizer: bool = True) -> None:
+                 fused_optimizer: bool = True, levers: StepLevers | None = None) -> None:
         from dpnrepro.training.losses import sigmoid_xent
         from dpnrepro.training.optim import build_optimizer
         from dpnrepro.training.step import LossStep, unit_range
 
+        levers = levers or StepLevers()
         self.name = name
         self.model = model
         self.n_params = sum(p.numel() for p in model.parameters())
         device = images.device
         self.device = device
         model.train()
-        # the trainer's step (training/trainer.py): uint8 batch scaled on the device, LossStep, fused optimizer
-        optimizer = build_optimizer(model, optim_cfg, fused=fused_optimizer and device.type == "cuda")
+        if levers.channels_last:  # the patch embedding reads NHWC: the patchify permute moves contiguous pixels
+            model.to(memory_format=torch.channels_last)
+            images = images.contiguous(memory_format=torch.channels_last)
+        # the trainer's step (training/trainer.py): uint8 batch scaled on the device, LossStep, fused optimizer;
+        # a compiled optimizer is compiled from the for-each path (inductor fuses it with the clipping)
+        fused = fused_optimizer and device.type == "cuda" and not (compile_model and levers.compiled_optimizer)
+        optimizer = build_optimizer(model, optim_cfg, fused=fused)
         params = [p for p in model.parameters() if p.requires_grad]
-        loss_step = LossStep(model, sigmoid_xent, device, compile=compile_model, cudagraphs=cudagraphs)
+        own_mode = compile_model and levers.compile_mode != "default"
+        loss_step = LossStep(model, sigmoid_xent, device, compile=compile_model and not own_mode,
+                             cudagraphs=cudagraphs)
+        loss_fn, graphs = loss_step, loss_step.cudagraphs
+        if own_mode:  # forward + loss as one graph, as LossStep compiles it, in the lever's mode
+            loss_fn = torch.compile(loss_step.__call__, mode=levers.compile_mode)
+            graphs = device.type == "cuda" and levers.compile_mode == "max-autotune"
 
-        def step() -> torch.Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_step(unit_range(images), targets)
-            loss.backward()
+        def update() -> None:
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
-            return loss_step.kept(loss)
+
+        if compile_model and levers.compiled_optimizer:
+            update = torch.compile(update)
+        attention = levers.sdpa_context()
+
+        def step() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            with attention():
+                loss = loss_fn(unit_range(images), targets)
+                loss.backward()
+            update()
+            return loss.detach().clone() if graphs else loss_step.kept(loss)
 
         self.step: Callable[[], torch.Tensor] = step
         self.optimizer = optimizer
@@ -237,7 +309,7 @@ def is_cuda_oom(exc: BaseException, device: torch.device) -> bool:
 
 
 def prepare(build, *, device, images, targets, optim_cfg, grad_clip, warmup_steps, compile_model,
-             seed, cudagraphs=False, fused_optimizer=True) -> tuple[Contender | None, dict]:
+             seed, cudagraphs=False, fused_optimizer=True, levers=None) -> tuple[Contender | None, dict]:
     """Build one model with ``build()`` on ``device`` and warm it up; peak memory over build + warm-up
     (the other models of the arch stay resident but idle, so they do not count). Returns the contender
     and its partial row, or ``(None, {"error": ...})`` when CUDA runs out of memory."""
@@ -256,7 +328,8 @@ def prepare(build, *, device, images, targets, optim_cfg, grad_clip, warmup_step
     try:
         model, name = build()
         contender = Contender(model.to(device), name, images, targets, optim_cfg=optim_cfg, grad_clip=grad_clip,
-                               compile_model=compile_model, cudagraphs=cudagraphs, fused_optimizer=fused_optimizer)
+                               compile_model=compile_model, cudagraphs=cudagraphs, fused_optimizer=fused_optimizer,
+                               levers=levers)
         warmup_s = contender.warm_up(warmup_steps)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # torch.compile may wrap the OOM
         if not is_cuda_oom(exc, device):

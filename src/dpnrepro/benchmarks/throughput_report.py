@@ -151,4 +151,21 @@ def render_markdown(res: dict) -> str:
         "\"not resolved\" when the CI spans the threshold (more rounds, or a quieter device, would be needed).",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _levers_and_profile(res))
+
+
+def _levers_and_profile(res: dict) -> list[str]:
+    """The step levers used (when any) and each model's time by kernel group (``profile_ops``)."""
+    lines = []
+    if res.get("levers"):
+        lines += ["Step levers: " + ", ".join(f"`{k}={v}`" for k, v in res["levers"].items()) + ".", ""]
+    for arch, rows in res["results"].items():
+        for variant, r in rows.items():
+            prof = r.get("op_profile")
+            if not prof:
+                continue
+            lines += [f"### {arch} {variant}: {prof['clock']} time by group, {prof['ms_per_step']:.2f} ms per step",
+                      "", "| group | ms/step | share |", "|---|---:|---:|"]
+            lines += [f"| {g['group']} | {g['ms_per_step']:.3f} | {_f(g['pct'], '.1f')} % |" for g in prof["groups"]]
+            lines.append("")
+    return lines

@@ -190,6 +190,11 @@ def run_benchmark(
         hardware: str | None = None,
         seed: int = 0,
         progress: bool = True,
+        sdpa_backend: str = "auto",
+        compile_mode: str = "default",
+        compiled_optimizer: bool = False,
+        channels_last: bool = False,
+        profile_ops: bool = False,
 ) -> dict:
     """Measure the training step of every ``arch × stem`` (plus timm's stock ViT per arch) in this process,
     the models of one arch interleaved in ``rounds`` rounds of ``steps_per_round`` timed steps each.
@@ -200,7 +205,13 @@ def run_benchmark(
     round orders. Returns a JSON-able dict (see :func:`render_markdown`); a model that runs out of GPU
     memory gets an ``error`` row. All models of one arch are resident at once (memory: one arch's models
     and optimizer states, plus one model's activations).
+
+    Step levers (:class:`~dpnrepro.benchmarks.contenders.StepLevers`): ``sdpa_backend``,
+    ``compile_mode``, ``compiled_optimizer``, ``channels_last``; recorded under ``levers`` when any differs
+    from the trainer's step. ``profile_ops``: after the rounds, each model's step profiled by kernel group
+    (:func:`~dpnrepro.benchmarks.step_profile.kernel_breakdown`), under ``op_profile``.
     """
+    from dpnrepro.benchmarks.contenders import StepLevers
     from dpnrepro.models import STEMS, build_vit
     from dpnrepro.training.losses import one_hot_targets
 
@@ -217,6 +228,7 @@ def run_benchmark(
                         "compilation would be timed; peak memory is measured over the warm-up)")
     if rounds < 1 or steps_per_round < 1:
         raise UserError("benchmark: rounds and steps_per_round must be >= 1")
+    levers = StepLevers(sdpa_backend, compile_mode, compiled_optimizer, channels_last)
     optim_cfg = optim_cfg or DEFAULT_OPTIM
     grad_clip = float(getattr(optim_cfg, "grad_clip", 0.0) or 0.0)
     if device == "cuda" and not torch.cuda.is_available():  # pick_device's message names train.device
@@ -285,7 +297,7 @@ def run_benchmark(
                 contender, partial = prepare(build, device=dev, images=images, targets=targets,
                                               optim_cfg=optim_cfg, grad_clip=grad_clip, warmup_steps=warmup_steps,
                                               compile_model=compile, seed=seed, cudagraphs=cudagraphs,
-                                              fused_optimizer=fused_optimizer)
+                                              fused_optimizer=fused_optimizer, levers=levers)
                 rows[variant] = partial
                 if contender is not None:
                     live[variant] = contender
@@ -310,6 +322,11 @@ def run_benchmark(
                             torch.cuda.empty_cache()
                     bar.update(1)
             recompiled[key] = compile and _compiled_graphs() != graphs_before
+            if profile_ops:
+                from dpnrepro.benchmarks.step_profile import kernel_breakdown
+
+                for variant, c in live.items():
+                    rows[variant]["op_profile"] = kernel_breakdown(c.step, steps_per_round, dev)
             for variant, c in live.items():
                 rows[variant] = _row(rows[variant], block_ms[variant], batch=batch_size, fwd_flops=fwd,
                                      peak_tflops=peak, matmul_tflops=matmul["tflops"] if matmul else None,
@@ -329,6 +346,7 @@ def run_benchmark(
 
     import timm
 
+    extra = {"levers": levers.changed()} if levers.changed() else {}
     b16_fwd = vit_forward_flops("B/16", img_size=224, num_classes=1000).total  # the targets' reference point
     return {
         "device_type": dev.type,
@@ -364,6 +382,7 @@ def run_benchmark(
         "results": results,
         "comparisons": comparisons,
         "targets": _evaluate_targets(results, comparisons, device_type=dev.type, device_name=device_name),
+        **extra,
     }
 
 

@@ -24,3 +24,11 @@ class BenchmarkParams(_Section):
     compile: bool = False
     cudagraphs: bool = Field(False, description="with compile, on CUDA: CUDA graphs (runtime.cudagraphs)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # step levers (contenders.StepLevers): the defaults are the trainer's step
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field(
+        "auto", description="attention kernel (torch.nn.attention.sdpa_kernel)")
+    compile_mode: Literal["default", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile mode of forward + loss (with compile)")
+    compiled_optimizer: bool = Field(False, description="clipping + optimizer step compiled (with compile)")
+    channels_last: bool = Field(False, description="images and 4-D weights NHWC (patch-embedding layout)")
+    profile_ops: bool = Field(False, description="kernel time per step by op group (torch.profiler)")

@@ -1,20 +1,32 @@
-"""RandAugment ops on a batch of uint8 images on any device (``input.backend: gpu``, :mod:`dpnrepro.data.gpu`).
+"""RandAugment on a batch of uint8 images on any device, one layer at a time (``input.backend: gpu``).
 
-Each op takes ``x`` uint8 (n, C, H, W) and, per image, the level arguments and extra draws a worker drew
-(:func:`dpnrepro.data.gpu.draw_op`), and computes what the CPU path computes
-(:func:`dpnrepro.data.randaugment.apply_op`, which calls PIL / timm / OpenCV), with the same integer and
-float32 arithmetic where PIL's is known:
+Every image of a batch has one op per layer (or none), with its arguments encoded by a worker in one float64
+row (:func:`encode_op`, :data:`LAYER`), and the worker sorts the layer's images by op kind (:func:`order_layer`).
+The device gathers the batch into that order once, runs each kind on its own run of images (bounds the host
+reads from its copy of the rows: no value comes back from the device), and gathers the result back:
+
+* **look-up-table ops**, all in one ``gather`` of a per-image-and-channel LUT (n, C, 256), each image's LUT
+  picked by ``torch.where`` on its op code: Invert, Posterize, Solarize, SolarizeAdd, Brightness, Contrast
+  (both spellings), Equalize, AutoContrast;
+* **Color** and **Sharpness**, each on its run;
+* **geometric ops and Cutout**, one affine sampling pass: each image's inverse matrix (the identity for
+  Cutout) gives its source pixel, then the fill colour where the source is outside (Cutout: inside its
+  square).
+
+Arithmetic is the CPU path's (:func:`dpnrepro.data.randaugment.apply_op`:
+PIL / timm / OpenCV) where PIL's is known:
 
 ================================  ====================================================================
 Invert, Posterize, Solarize,      exact (integer LUT arithmetic)
 SolarizeAdd, Cutout
 Equalize, AutoContrast            exact: per-image-and-channel histogram, PIL's LUT (integers; float64
                                   for AutoContrast's scale, as Python computes it)
-Brightness, Color, Contrast       PIL's ``Image.blend`` in float32, truncated; Color's grey is PIL's
-(both spellings)                  ``L = (19595 R + 38470 G + 7471 B + 2^15) >> 16``; timm's Contrast
+Brightness, Color, Contrast       PIL's ``Image.blend`` in float32 (sub, mul, add: separate roundings,
+(both spellings)                  no fused multiply-add), truncated; Color's grey is PIL's
+                                  ``L = (19595 R + 38470 G + 7471 B + 2^15) >> 16``; timm's Contrast
                                   blends towards ``int(mean(L) + .5)``, big_vision's towards a constant
-Sharpness                         PIL's SMOOTH 3x3 (weights 1, centre 5, / 13) rounded, borders kept,
-                                  blended as above; the filter's float sum order differs from OpenCV's
+Sharpness                         PIL's SMOOTH 3x3 (weights 1, centre 5, / 13) in integers, rounded
+                                  (``(2 s + 13) // 26``: s / 13 is never a tie), borders kept, blended
 Rotate, ShearX/Y, TranslateX/Y,   PIL's affine map: nearest neighbour in 16.16 fixed point (a pure shift in
 TranslateX/YRel                   float64), as ``affine_fixed`` / ``ImagingScaleAffine``; bilinear / bicubic
                                   (timm's own specs) as ``bilinear_filter8`` / ``bicubic_filter8``: float64,
@@ -22,12 +34,9 @@ TranslateX/YRel                   float64), as ``affine_fixed`` / ``ImagingScale
                                   the source point is outside the image
 ================================  ====================================================================
 
-Measured on the same uint8 inputs (tests/test_gpu_input.py, real photos, 12 draws per op): every op of
-big_vision's RandAugment (``rand-n2-m15-tbigvision``) and of timm's own specs (DeiT's ``rand-m9-mstd0.5-inc1``,
-bilinear / bicubic geometric ops) is **bit-exact against PIL** (timm's op on a PIL image). Against the ``fast``
-CPU path, whose geometric ops are OpenCV approximations of PIL's, Rotate differs on ~0.1 % of the pixels
-(nearest neighbour) and Rotate / Shear by <= 6 grey levels on ~40 % of them (bilinear / bicubic); every other
-op is exact there too.
+No op runs a matrix product or a convolution (TF32 on CUDA would change the result) and none reads a value
+back to the host (tests/test_gpu_input.py: bit-exact against PIL op by op; a CUDA test runs a batch under
+``torch.cuda.set_sync_debug_mode("error")``).
 """
 
 from __future__ import annotations
@@ -38,7 +47,18 @@ import torch
 
 from dpnrepro.errors import UserError
 
-GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
+GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel")
+LUT_OPS = ("Invert", "Posterize", "Solarize", "SolarizeAdd", "Brightness", "ContrastGrey", "ContrastMean",
+           "Equalize", "AutoContrast")
+CODES = {name: k for k, name in enumerate(("none", *LUT_OPS, "Color", "Sharpness", "Cutout", "Affine"))}
+# one layer's float64 row: op code, level argument, filter, fill (3), Cutout's centre, the inverse matrix, the
+# same in PIL's 16.16 fixed point, 1 where nearest neighbour takes the fixed-point path; then two columns of the
+# batch as a whole (:func:`order_layer`): the images sorted by op kind, and the way back
+LAYER = ("op", "arg", "resample", "fill0", "fill1", "fill2", "cy", "cx", "a", "b", "c", "d", "e", "f",
+         "fa", "fb", "fc", "fd", "fe", "ff", "fixed", "order", "inverse")
+_COL = {name: k for k, name in enumerate(LAYER)}
+_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
 
 def device_op_name(op) -> str:
     """The device op computing timm ``AugmentOp`` ``op`` (by its image function: timm's or one of
@@ -63,21 +83,65 @@ def device_op_name(op) -> str:
     return name
 
 
-def _per_image(values, x: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """A (n, 1, 1, 1) tensor of per-image scalars on ``x``'s device."""
-    return torch.tensor(values, dtype=dtype, device=x.device).view(-1, 1, 1, 1)
+# ------------------------------------------------------------------------------------------- the host half
+def _matrix(name: str, args, h: int, w: int) -> tuple | None:
+    """PIL's inverse affine matrix of a geometric op (None: the identity, the image returned unchanged)."""
+    from dpnrepro.data.randaugment import rotate_matrix
+
+    (v,) = args
+    if name == "Rotate":
+        return rotate_matrix(v, h, w)
+    return {"ShearX": (1, v, 0, 0, 1, 0), "ShearY": (1, 0, 0, v, 1, 0), "TranslateX": (1, 0, v, 0, 1, 0),
+            "TranslateY": (1, 0, 0, 0, 1, v), "TranslateXRel": (1, 0, v * w, 0, 1, 0),
+            "TranslateYRel": (1, 0, 0, 0, 1, v * h)}[name]
 
 
-def _lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """Per-image-and-channel look-up: ``lut`` (n, C, 256) applied to uint8 ``x`` (n, C, H, W)."""
-    n, c, h, w = x.shape
-    return lut.to(torch.uint8).gather(2, x.reshape(n, c, h * w).long()).view(n, c, h, w)
+def _fixed(m) -> tuple:
+    """PIL's ``affine_fixed`` coefficients: each rounded once to 16.16, the half-pixel offset folded into the constant."""
+    a, b, c, d, e, f = m
+
+    def fix(v: float) -> int:
+        return math.floor(v * 65536.0 + 0.5)
+
+    return fix(a), fix(b), fix(c + a * 0.5 + b * 0.5), fix(d), fix(e), fix(f + d * 0.5 + e * 0.5)
 
 
-def _blend(degenerate: torch.Tensor, x: torch.Tensor, factors) -> torch.Tensor:
-    """PIL's ``Image.blend(degenerate, x, factor)``: float32 ``d + f (x - d)``, clipped, truncated."""
-    f = _per_image(factors, x)
-    return (degenerate + f * (x.float() - degenerate)).clamp_(0, 255).trunc_().to(torch.uint8)
+def encode_op(op, size: int) -> list[float]:
+    """One image's layer row (:data:`LAYER`) for ``op`` = (device op name, level args, extra draws) or None,
+    on a ``size x size`` image."""
+    row = [0.0] * len(LAYER)
+    row[_COL["a"]:_COL["f"] + 1] = _IDENTITY
+    if op is None:
+        return row
+    name, args, extra = op
+    fill = tuple(extra.get("fill", (128,)))
+    row[_COL["fill0"]:_COL["fill2"] + 1] = (fill * 3)[:3]
+    row[_COL["resample"]] = float(extra.get("resample", 0))
+    if name in GEOMETRIC:
+        m = _matrix(name, args, size, size)
+        if m is None:
+            return row  # Rotate by 0 degrees: the image unchanged
+        row[_COL["op"]] = CODES["Affine"]
+        row[_COL["a"]:_COL["f"] + 1] = m
+        row[_COL["fa"]:_COL["ff"] + 1] = _fixed(m)
+        row[_COL["fixed"]] = float(m[1] != 0 or m[3] != 0)  # PIL: fixed point unless a pure scale / shift
+        return row
+    row[_COL["op"]] = CODES[name]
+    row[_COL["arg"]] = float(args[0]) if args else 0.0
+    if name == "Cutout":
+        row[_COL["cy"]], row[_COL["cx"]] = extra["centre"]
+    return row
+
+
+# ----------------------------------------------------------------------------------------- the device half
+def _col(p: torch.Tensor, name: str, dtype=torch.float32) -> torch.Tensor:
+    """Column ``name`` of the layer rows ``p`` (n, len(LAYER)) as (n, 1, 1) of ``dtype``."""
+    return p[:, _COL[name]].to(dtype).view(-1, 1, 1)
+
+
+def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL's ``Image.blend(degenerate, x, factor)`` in float32: ``d + f (x - d)``, clipped, truncated (float)."""
+    return (degenerate + factor * (x.float() - degenerate)).clamp_(0, 255).trunc_()
 
 
 def _grey(x: torch.Tensor) -> torch.Tensor:
@@ -89,137 +153,81 @@ def _grey(x: torch.Tensor) -> torch.Tensor:
 
 
 def _histogram(x: torch.Tensor) -> torch.Tensor:
-    """(n, C, 256) int64 counts of every image and channel (``bincount``: deterministic on CUDA)."""
+    """(n, C, 256) int64 counts of every image and channel (a 1-D integer ``scatter_add_``: no host sync,
+    order-independent)."""
     n, c = x.shape[:2]
     offsets = torch.arange(n * c, device=x.device).view(n, c, 1) * 256
     flat = (x.reshape(n, c, -1).long() + offsets).reshape(-1)
-    return torch.bincount(flat, minlength=n * c * 256).view(n, c, 256)
+    counts = torch.zeros(n * c * 256, dtype=torch.int64, device=x.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat)).view(n, c, 256)
 
 
-def invert(x, params):
-    return 255 - x
-
-
-def posterize(x, params):
-    masks = [0xFF if bits >= 8 else ~(2 ** (8 - bits) - 1) & 0xFF for (bits,), _ in params]
-    return x & _per_image(masks, x, torch.uint8)
-
-
-def solarize(x, params):
-    thresh = _per_image([t for (t,), _ in params], x, torch.int32)
-    return torch.where(x.int() < thresh, x, 255 - x)
-
-
-def solarize_add(x, params):
-    add = _per_image([a for (a,), _ in params], x, torch.int32)
-    return torch.where(x < 128, (x.int() + add).clamp_(max=255).to(torch.uint8), x)
-
-
-def brightness(x, params):
-    return _blend(torch.zeros((), device=x.device), x, [f for (f,), _ in params])
-
-
-def color(x, params):
-    return _blend(_grey(x).float(), x, [f for (f,), _ in params])
-
-
-def contrast_grey(x, params):
-    """big_vision's Contrast: towards the constant ``min(255, H W / 256)`` (randaugment.py's randaugment)."""
-    grey = float(int(min(255.0, x.shape[2] * x.shape[3] / 256)))
-    return _blend(torch.full((), grey, device=x.device), x, [f for (f,), _ in params])
-
-
-def contrast_mean(x, params):
-    """timm / PIL's ``ImageEnhance.Contrast``: towards ``int(mean(L) + 0.5)`` (in integers: the float
-    rounding of PIL's mean is far below the 1 / (2 H W) that separates it from a .5 boundary)."""
-    grey = _grey(x)
-    count = grey[0].numel()
-    level = torch.div(2 * grey.sum(dim=(1, 2, 3)) + count, 2 * count, rounding_mode="floor")
-    degenerate = level.float().view(-1, 1, 1, 1)
-    return _blend(degenerate, x, [f for (f,), _ in params])
-
-
-def sharpness(x, params):
-    """PIL's ``ImageEnhance.Sharpness``: blend(SMOOTH-filtered with border pixels kept, x, factor)."""
-    n, c, h, w = x.shape
-    kernel = torch.tensor([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=torch.float32, device=x.device) / 13.0
-    smooth = torch.nn.functional.conv2d(x.float().reshape(n * c, 1, h, w), kernel.view(1, 1, 3, 3))
-    degenerate = x.float()
-    degenerate[:, :, 1:-1, 1:-1] = smooth.round_().clamp_(0, 255).view(n, c, h - 2, w - 2)
-    return _blend(degenerate, x, [f for (f,), _ in params])
-
-
-def equalize(x, params):
-    """PIL's ``ImageOps.equalize``: LUT ``(step // 2 + #pixels below v) // step``,
-    ``step = (#pixels - #pixels in the highest used bin) // 255``; the identity when step is 0 or one bin is used."""
+def _equalize_lut(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageOps.equalize``: ``(step // 2 + #pixels below v) // step``, ``step = (#pixels - #pixels in
+    the highest used bin) // 255``; the identity when step is 0 or one bin is used."""
     hist = _histogram(x)
     used = hist > 0
     last = 255 - used.flip(-1).int().argmax(-1, keepdim=True)
     step = (hist.sum(-1, keepdim=True) - hist.gather(-1, last)) // 255
-    below = hist.cumsum(-1) - hist
-    lut = (step // 2 + below) // step.clamp(min=1)
-    identity = torch.arange(256, device=x.device).expand_as(lut)
+    lut = (step // 2 + hist.cumsum(-1) - hist) // step.clamp(min=1)
     keep = (used.sum(-1, keepdim=True) <= 1) | (step == 0)
-    return _lut(x, torch.where(keep, identity, lut.clamp(max=255)))
+    return torch.where(keep, v, lut.clamp(max=255))
 
 
-def auto_contrast(x, params):
-    """PIL's ``ImageOps.autocontrast`` (no cutoff): LUT ``int(v * 255 / (hi - lo) - lo * scale)`` clipped,
-    in float64; the identity when hi <= lo."""
+def _autocontrast_lut(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageOps.autocontrast`` (no cutoff): ``int(v * 255 / (hi - lo) - lo * scale)`` clipped, in
+    float64; the identity when hi <= lo."""
     lo = x.amin(dim=(2, 3)).double().unsqueeze(-1)
     hi = x.amax(dim=(2, 3)).double().unsqueeze(-1)
     scale = torch.full_like(lo, 255.0) / (hi - lo).clamp(min=1)  # a true division (255.0 / t multiplies by 1 / t)
-    v = torch.arange(256, dtype=torch.float64, device=x.device)
-    lut = (v * scale + (-lo * scale)).trunc().clamp(0, 255)
-    return _lut(x, torch.where(hi <= lo, v.expand_as(lut), lut).long())
+    vd = v.double()
+    lut = (vd * scale + (-lo * scale)).trunc().clamp(0, 255)
+    return torch.where(hi <= lo, vd, lut).long()
 
 
-def cutout(x, params):
-    """big_vision's Cutout: a ``fill`` square ``[c - pad, c + pad)`` clipped to the image; pad <= 0: none."""
+def _lut_pass(x: torch.Tensor, p: torch.Tensor, code: torch.Tensor, present: set[str]) -> torch.Tensor:
+    """Every look-up-table op of the layer as one gather (the identity LUT for other images)."""
     n, c, h, w = x.shape
-    pads = _per_image([p for (p,), _ in params], x, torch.int64).view(-1, 1, 1)
-    cy = _per_image([e["centre"][0] for _, e in params], x, torch.int64).view(-1, 1, 1)
-    cx = _per_image([e["centre"][1] for _, e in params], x, torch.int64).view(-1, 1, 1)
-    ys = torch.arange(h, device=x.device).view(1, -1, 1)
-    xs = torch.arange(w, device=x.device).view(1, 1, -1)
-    inside = (ys >= cy - pads) & (ys < cy + pads) & (xs >= cx - pads) & (xs < cx + pads) & (pads > 0)
-    return _fill(x, inside[:, None], params)
+    v = torch.arange(256, device=x.device).view(1, 1, 256)
+    arg, f = _col(p, "arg", torch.int64), _col(p, "arg")
+    vf = v.float()
+    builders = {
+        "Invert": lambda: 255 - v,
+        "Posterize": lambda: v & torch.where(arg >= 8, 255, 256 - torch.pow(2, (8 - arg).clamp(0, 8))),
+        "Solarize": lambda: torch.where(v < arg, v, 255 - v),
+        "SolarizeAdd": lambda: torch.where(v < 128, (v + arg).clamp(max=255), v),
+        "Brightness": lambda: _blend(torch.zeros((), device=x.device), vf, f).long(),
+        "ContrastGrey": lambda: _blend(torch.full((), float(int(min(255.0, h * w / 256))), device=x.device),
+                                       vf, f).long(),
+        "ContrastMean": lambda: _blend(_mean_grey(x), vf, f).long(),
+        "Equalize": lambda: _equalize_lut(x, v),
+        "AutoContrast": lambda: _autocontrast_lut(x, v),
+    }
+    lut = v.expand(n, c, 256)
+    for name in LUT_OPS:
+        if name in present:
+            lut = torch.where(code == CODES[name], builders[name](), lut)
+    return lut.to(torch.uint8).expand(n, c, 256).gather(2, x.reshape(n, c, h * w).long()).view(n, c, h, w)
 
 
-def _fill(x: torch.Tensor, where: torch.Tensor, params) -> torch.Tensor:
-    """``x`` with each image's fill colour (``extra["fill"]``, one value per channel) where ``where`` holds."""
-    c = x.shape[1]
-    fill = torch.tensor([(tuple(e["fill"]) * c)[:c] for _, e in params], dtype=torch.uint8,
-                        device=x.device).view(-1, c, 1, 1)
-    return torch.where(where, fill, x)
+def _mean_grey(x: torch.Tensor) -> torch.Tensor:
+    """timm / PIL's ``ImageEnhance.Contrast`` level ``int(mean(L) + 0.5)`` in integers, (n, 1, 1) float32 (the
+    float rounding of PIL's mean is far below the 1 / (2 H W) that separates it from a .5 boundary)."""
+    grey = _grey(x)
+    count = grey[0].numel()
+    level = torch.div(2 * grey.sum(dim=(1, 2, 3)) + count, 2 * count, rounding_mode="floor")
+    return level.float().view(-1, 1, 1)
 
 
-def _matrix(name: str, args, h: int, w: int) -> tuple | None:
-    """PIL's inverse affine matrix of a geometric op (None: the identity, returned unchanged)."""
-    from dpnrepro.data.randaugment import rotate_matrix
-
-    (v,) = args
-    if name == "Rotate":
-        return rotate_matrix(v, h, w)
-    return {"ShearX": (1, v, 0, 0, 1, 0), "ShearY": (1, 0, 0, v, 1, 0), "TranslateX": (1, 0, v, 0, 1, 0),
-            "TranslateY": (1, 0, 0, 0, 1, v), "TranslateXRel": (1, 0, v * w, 0, 1, 0),
-            "TranslateYRel": (1, 0, 0, 0, 1, v * h)}[name]
-
-
-def _fixed_point_coords(mats, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """PIL's ``affine_fixed``: the source pixel of every output pixel in 16.16 fixed point, each
-    coefficient rounded once (``floor(v * 65536 + .5)``), the half-pixel offset folded into the constant."""
-
-    def fix(v: float) -> int:
-        return math.floor(v * 65536.0 + 0.5)
-
-    coef = torch.tensor([[fix(a), fix(b), fix(c + a * 0.5 + b * 0.5), fix(d), fix(e), fix(f + d * 0.5 + e * 0.5)]
-                         for a, b, c, d, e, f in mats], dtype=torch.int64, device=device).view(-1, 6, 1, 1)
-    ys = torch.arange(h, dtype=torch.int64, device=device).view(1, -1, 1)
-    xs = torch.arange(w, dtype=torch.int64, device=device).view(1, 1, -1)
-    xx = coef[:, 2] + ys * coef[:, 1] + xs * coef[:, 0]
-    yy = coef[:, 5] + ys * coef[:, 4] + xs * coef[:, 3]
-    return torch.div(xx, 65536, rounding_mode="floor"), torch.div(yy, 65536, rounding_mode="floor")
+def _sharpness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageEnhance.Sharpness``: blend(SMOOTH-filtered with border pixels kept, x, factor)."""
+    xi = x.int()
+    box = sum(xi[:, :, 1 + dy : xi.shape[2] - 1 + dy, 1 + dx : xi.shape[3] - 1 + dx]
+              for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+    smooth = torch.div(2 * (box + 4 * xi[:, :, 1:-1, 1:-1]) + 13, 26, rounding_mode="floor")
+    degenerate = x.float()
+    degenerate[:, :, 1:-1, 1:-1] = smooth.float()
+    return _blend(degenerate, x, f.view(-1, 1, 1, 1))
 
 
 def _cubic(v1, v2, v3, v4, d):
@@ -253,54 +261,92 @@ def _filtered(src: torch.Tensor, sx: torch.Tensor, sy: torch.Tensor, bicubic: bo
     return _cubic(*rows, dy).clamp(0, 255).trunc().to(torch.uint8)
 
 
-def affine(name: str):
-    """The batched op of geometric op ``name``: output pixel (x, y) samples the input at ``A (x + .5, y + .5) + t``."""
+def _sample_pass(x: torch.Tensor, p: torch.Tensor, code: torch.Tensor, filters: set[int],
+                 geometric: bool = True) -> torch.Tensor:
+    """Geometric ops and Cutout in one pass: each image's source pixel through its inverse matrix (the identity
+    for other ops), nearest in PIL's fixed point or float64 floor, ``filters`` (PIL codes other than nearest the
+    layer uses) by their PIL filter; then the fill colour where the source is outside (Cutout: inside its square).
+    Without ``geometric`` (a layer of Cutouts only) the source is ``x`` itself."""
+    from PIL import Image
 
-    def op(x, params):
-        from PIL import Image
-
-        n, c, h, w = x.shape
-        out = x.clone()
-        mats = [_matrix(name, args, h, w) for args, _ in params]
-        todo = [k for k, m in enumerate(mats) if m is not None]
-        if not todo:
-            return out
-        m = torch.tensor([mats[k] for k in todo], dtype=torch.float64, device=x.device).view(-1, 6, 1, 1)
-        ys = torch.arange(h, dtype=torch.float64, device=x.device).view(1, -1, 1) + 0.5
-        xs = torch.arange(w, dtype=torch.float64, device=x.device).view(1, 1, -1) + 0.5
-        sx = m[:, 0] * xs + m[:, 1] * ys + m[:, 2]
-        sy = m[:, 3] * xs + m[:, 4] * ys + m[:, 5]
-        inside = ((sx >= 0) & (sx < w) & (sy >= 0) & (sy < h))[:, None]
-        src = x[todo]
-        resample = [params[k][1]["resample"] for k in todo]
-        nearest = torch.tensor([r == Image.Resampling.NEAREST for r in resample], device=x.device)
-        picked = src
-        if nearest.any():  # PIL: the pixel the source point falls in
-            ix, iy = sx.floor().long(), sy.floor().long()
-            fixed = [j for j, k in enumerate(todo) if mats[k][1] != 0 or mats[k][3] != 0]
-            if fixed:  # PIL's ImagingTransformAffine: 16.16 fixed point unless the map is a pure scale/shift
-                ix[fixed], iy[fixed] = _fixed_point_coords([mats[todo[j]] for j in fixed], h, w, x.device)
-            inside = ((ix >= 0) & (ix < w) & (iy >= 0) & (iy < h))[:, None]
-            flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(len(todo), 1, h * w).expand(-1, c, -1)
-            picked = src.reshape(len(todo), c, h * w).gather(2, flat).view(len(todo), c, h, w)
-        for code in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
-            sel = [j for j, r in enumerate(resample) if r == code]
-            if sel:
-                picked[sel] = _filtered(src[sel], sx[sel], sy[sel], bicubic=code == Image.Resampling.BICUBIC)
-        out[todo] = _fill(picked, ~inside, [params[k] for k in todo])
-        return out
-
-    return op
+    n, c, h, w = x.shape
+    d64 = torch.float64
+    ys = torch.arange(h, dtype=d64, device=x.device).view(1, -1, 1)
+    xs = torch.arange(w, dtype=d64, device=x.device).view(1, 1, -1)
+    m = {k: _col(p, k, d64) for k in ("a", "b", "c", "d", "e", "f")}
+    sx = m["a"] * (xs + 0.5) + m["b"] * (ys + 0.5) + m["c"]
+    sy = m["d"] * (xs + 0.5) + m["e"] * (ys + 0.5) + m["f"]
+    fx = {k: _col(p, k, torch.int64) for k in ("fa", "fb", "fc", "fd", "fe", "ff")}
+    yi, xi = ys.long(), xs.long()
+    fixed = _col(p, "fixed", torch.bool)
+    ix = torch.where(fixed, torch.div(fx["fc"] + yi * fx["fb"] + xi * fx["fa"], 65536, rounding_mode="floor"),
+                     sx.floor().long())
+    iy = torch.where(fixed, torch.div(fx["ff"] + yi * fx["fe"] + xi * fx["fd"], 65536, rounding_mode="floor"),
+                     sy.floor().long())
+    outside = (ix < 0) | (ix >= w) | (iy < 0) | (iy >= h)
+    idx = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(n, 1, h * w).expand(-1, c, -1)
+    picked = x.reshape(n, c, h * w).gather(2, idx).view(n, c, h, w) if geometric else x
+    affine = code == CODES["Affine"]
+    resample = _col(p, "resample", torch.int64)
+    continuous = (sx < 0) | (sx >= w) | (sy < 0) | (sy >= h)  # PIL's filters test the point itself
+    for flt in sorted(filters):
+        use = (affine & (resample == flt)).view(n, 1, 1)
+        picked = torch.where(use[:, None], _filtered(x, sx, sy, bicubic=flt == Image.Resampling.BICUBIC), picked)
+        outside = torch.where(use, continuous, outside)
+    pad, cy, cx = _col(p, "arg", torch.int64), _col(p, "cy", torch.int64), _col(p, "cx", torch.int64)
+    square = (yi >= cy - pad) & (yi < cy + pad) & (xi >= cx - pad) & (xi < cx + pad) & (pad > 0)
+    fill_here = (affine & outside) | ((code == CODES["Cutout"]) & square)
+    fill = p[:, _COL["fill0"]:_COL["fill0"] + c].to(torch.uint8).view(n, c, 1, 1)
+    return torch.where(fill_here[:, None], fill, picked)
 
 
-DEVICE_OPS = {"Invert": invert, "Posterize": posterize, "Solarize": solarize, "SolarizeAdd": solarize_add,
-              "Brightness": brightness, "Color": color, "ContrastGrey": contrast_grey, "ContrastMean": contrast_mean,
-              "Sharpness": sharpness, "Equalize": equalize, "AutoContrast": auto_contrast, "Cutout": cutout,
-              **{name: affine(name) for name in sorted(GEOMETRIC)}}
+def order_layer(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (host, one layer) with its ``order`` column (the images sorted by op code, stably) and its
+    ``inverse`` column (where each image went) filled in."""
+    order = torch.argsort(rows[:, _COL["op"]], stable=True)
+    rows[:, _COL["order"]] = order.to(rows.dtype)
+    rows[order, _COL["inverse"]] = torch.arange(len(rows), dtype=rows.dtype)
+    return rows
+
+
+_RUNS = (("lut", LUT_OPS), ("Color", ("Color",)), ("Sharpness", ("Sharpness",)), ("sample", ("Cutout", "Affine")))
+
+
+def augment_layer(x: torch.Tensor, p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """One RandAugment layer on uint8 ``x`` (n, C, H, W): image k's op and arguments in row ``p[k]``
+    (:data:`LAYER`, on ``x``'s device, ordered by :func:`order_layer`); ``rows`` is the host's copy, from which
+    the host reads the runs' bounds and the filters the layer uses."""
+    codes = rows[:, _COL["op"]].long()
+    count = torch.bincount(codes, minlength=len(CODES)).tolist()
+    if count[0] == len(codes):
+        return x
+    order, inverse = p[:, _COL["order"]].long(), p[:, _COL["inverse"]].long()
+    xs, ps = x.index_select(0, order), p.index_select(0, order)
+    pieces, a = [xs[: count[0]]], count[0]
+    for kind, names in _RUNS:
+        b = a + sum(count[CODES[name]] for name in names)
+        if b > a:
+            xr, pr = xs[a:b], ps[a:b]
+            if kind == "lut":
+                pieces.append(_lut_pass(xr, pr, _col(pr, "op", torch.int64), {m for m in names if count[CODES[m]]}))
+            elif kind == "Color":
+                pieces.append(_blend(_grey(xr).float(), xr, _col(pr, "arg").view(-1, 1, 1, 1)).to(torch.uint8))
+            elif kind == "Sharpness":
+                pieces.append(_sharpness(xr, _col(pr, "arg")).to(torch.uint8))
+            else:
+                affine = rows[codes == CODES["Affine"], _COL["resample"]]
+                filters = {int(r) for r in affine.unique().tolist() if int(r) != 0}
+                pieces.append(_sample_pass(xr, pr, _col(pr, "op", torch.int64), filters,
+                                           geometric=bool(count[CODES["Affine"]])))
+        a = b
+    return torch.cat(pieces).index_select(0, inverse)
 
 
 def apply_batched(name: str, x: torch.Tensor, params: list) -> torch.Tensor:
-    """Device op ``name`` on uint8 ``x`` (n, C, H, W), ``params[k]`` = (level args, extra) of image k."""
+    """Device op ``name`` on uint8 ``x`` (n, C, H, W), ``params[k]`` = (level args, extra) of image k (op-by-op
+    tests and tools; the loop encodes rows in its workers)."""
     if not math.prod(x.shape):
         return x
-    return DEVICE_OPS[name](x, params)
+    rows = order_layer(torch.tensor([encode_op((name, args, extra), x.shape[-1]) for args, extra in params],
+                                    dtype=torch.float64))
+    return augment_layer(x, rows.to(x.device), rows)

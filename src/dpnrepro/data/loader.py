@@ -302,6 +302,8 @@ def _device_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int
                     device):
     """``input.backend: gpu``: workers make :class:`dpnrepro.data.gpu.Plan` s (bytes + draws), the main process
     decodes and augments them on ``device`` (any device, the CPU included: that is how the tests run it)."""
+    import functools
+
     from dpnrepro.data.fast import undecoded
     from dpnrepro.data.gpu import DeviceAugment, DeviceBatches, PlanTransform, collate_plans
 
@@ -316,7 +318,7 @@ def _device_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int
                          crop_min_area=input_cfg.get("crop_min_area", 0.05), crop_sampler=crop_sampler)
     loader = torch.utils.data.DataLoader(
         TransformedSplit(undecoded(ds), plan, num_classes), batch_sampler=sampler, num_workers=workers,
-        collate_fn=collate_plans, persistent_workers=False,
+        collate_fn=functools.partial(collate_plans, size=size, channels=channels), persistent_workers=False,
         generator=torch.Generator().manual_seed(sampler.seed))  # keep the global RNG out of the loader
     return DeviceBatches(loader, DeviceAugment(size, channels, device, crop_sampler))
 

@@ -1,0 +1,103 @@
+#!/bin/bash
+# The GPU speed measurement in one run on an H100 machine (about 9 minutes): side by side on one card,
+#   - the CUDA tests of the batched gpu input path (no host sync, CUDA == CPU on the same decoded pixels);
+#   - B/16 DPN trainer loop (full profile, table1 recipe, compiled, batch 256, real JPEGs) with
+#     input.backend gpu, then pil;
+#   - Ti/16 DPN trainer loop (compiled + CUDA graphs, pil) and its step alone (same process);
+#   - the gpu input path alone: device half (whole / decode / augmentation) and CUDA-vs-CPU pixels per stage;
+#   - B/16's step alone under each lever (dpnrepro.benchmarks.step_levers: baseline with a kernel-time
+#     profile by op group, cuDNN / flash attention, compiled clipping + optimizer, channels_last, batch 512,
+#     the baseline again, max-autotune), one after another in the time left.
+# Jobs run in that order, each under its own `timeout` and the overall budget BUDGET_S (default 540 s);
+# a job that cannot get MIN_JOB_S (30 s) is skipped and named in jobs.tsv. Whatever happens, the EXIT trap
+# summarises the levers and packs every result and log into $OUT/gpu_speed.tgz (one file).
+#
+#   bash benchmarks/measured/gpu_speed.sh                  # on the GPU (needs .whl/ carried: see README)
+#   DRY_RUN=1 OUT=/tmp/x bash benchmarks/measured/gpu_speed.sh   # CPU, tiny sizes: checks the plumbing
+#   LEVERS=batch512,max_autotune bash benchmarks/measured/gpu_speed.sh levers   # some jobs / levers only
+set -u -o pipefail
+T0=$(date +%s)
+BUDGET=${BUDGET_S:-540}
+MIN_JOB=${MIN_JOB_S:-30}
+OUT=${OUT:-/tmp/gpu_speed_out}
+RES=${RES:-/tmp/gpu_speed}
+DRY=${DRY_RUN:-0}
+PY=${PYTHON:-python3}
+mkdir -p "$RES" "$OUT"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
+  HF_DATASETS_OFFLINE=1 DPNREPRO_CPU_THREADS=${DPNREPRO_CPU_THREADS:-8}
+CPUS=$(nproc)
+W=$(( CPUS > 2 ? CPUS - 2 : 1 ))
+LEVERS=${LEVERS:-baseline,sdpa_cudnn,compiled_optimizer,sdpa_flash,channels_last,batch512,baseline_end,max_autotune}
+
+pack() {
+  $PY -m dpnrepro.benchmarks.step_levers --summarize "$RES/levers" >"$RES/levers_summary.log" 2>&1
+  printf 'total_wall_s\t%s\n' "$(( $(date +%s) - T0 ))" >>"$RES/jobs.tsv"
+  tar -czf "$OUT/gpu_speed.tgz" -C "$RES" . && echo "packed $OUT/gpu_speed.tgz"
+  echo "---- jobs"; cat "$RES/jobs.tsv"; echo "---- levers"; cat "$RES/levers/levers.md" 2>/dev/null
+}
+trap pack EXIT
+
+job() {  # job NAME MAX_S COMMAND...: under `timeout`, within the overall budget; rc and wall time to jobs.tsv
+  local name=$1 max=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - T0) )); local t=$(( max < left ? max : left ))
+  if [ "$t" -lt "$MIN_JOB" ]; then printf '%s\tskipped (budget: %ss left)\n' "$name" "$left" >>"$RES/jobs.tsv"; return; fi
+  echo "== $name (timeout ${t}s): $*"
+  local s=$(date +%s)
+  timeout -k 10 "$t" "$@" >"$RES/$name.log" 2>&1; local rc=$?
+  printf '%s\trc=%s\twall_s=%s\ttimeout_s=%s\n' "$name" "$rc" "$(( $(date +%s) - s ))" "$t" >>"$RES/jobs.tsv"
+  tail -n 3 "$RES/$name.log"
+}
+
+phase_env() {
+  if [ -d .whl ] && ! $PY -c "import pydantic, datasets" 2>/dev/null; then
+    timeout 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    $PY -c "import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.version.cuda)"
+    git rev-parse HEAD 2>/dev/null; echo "cpus $CPUS"; } >"$RES/env.txt" 2>&1
+  cat "$RES/env.txt"
+}
+
+loop() {  # loop NAME MAX_S BACKEND ARGS...: the trainer's own loop (dpnrepro.benchmarks.trainer_loop)
+  local name=$1 max=$2 backend=$3; shift 3
+  if [ "$DRY" = 1 ]; then
+    job "$name" "$max" $PY -m dpnrepro.benchmarks.trainer_loop --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 \
+      --workers 0 --device cpu --synthetic-rounds 0 --backend "$backend" --out "$RES/$name.json"
+  else
+    job "$name" "$max" $PY -m dpnrepro.benchmarks.trainer_loop --workers "$W" --backend "$backend" "$@" \
+      --out "$RES/$name.json"
+  fi
+}
+
+phase_tests() {
+  [ "$DRY" = 1 ] && return
+  job tests_cuda 90 $PY -m pytest -q -p no:cacheprovider tests/test_gpu_input.py -k "cuda_" --junitxml "$RES/tests_cuda.xml"
+}
+
+phase_loops() {
+  local b16="--arch B-16 --batch-size 256 --steps 15 --warmup 6 --compile --synthetic-rounds 0"
+  loop loop_b16_gpu 120 gpu $b16
+  loop loop_b16_pil 100 pil $b16
+  loop loop_ti16_pil 100 pil --arch Ti-16 --batch-size 256 --steps 30 --warmup 10 --compile --cudagraphs \
+    --synthetic-rounds 6
+}
+
+phase_input() {
+  local dev=cuda; [ "$DRY" = 1 ] && dev=cpu
+  job input_gpu 90 $PY -m dpnrepro.benchmarks.gpu_input --device $dev --rounds 5 --skip-cpu --skip-end-to-end \
+    --out "$RES/input_gpu.json" --out-md "$RES/input_gpu.md"
+}
+
+phase_levers() {
+  local size="--arch B-16" dev=cuda extra=""
+  [ "$DRY" = 1 ] && { size="--arch Mu-7 --img-size 28 --batch-size 4 --steps-per-round 1"; dev=cpu; extra=--no-compile; }
+  job levers "$BUDGET" $PY -m dpnrepro.benchmarks.step_levers $size --device $dev $extra --profile --levers "$LEVERS" \
+    --out-dir "$RES/levers"
+}
+
+phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests loops input levers)
+for p in "${phases[@]}"; do
+  echo "######## phase $p (+$(( $(date +%s) - T0 ))s)"
+  "phase_$p"
+done
