@@ -19,12 +19,12 @@ that imports :mod:`dpnrepro` (all stages, torchrun workers, tests) before any of
   every supported CPU has (NumPy's *CPU build options*: runtime dispatch and its environment variables).
 - ``OPENBLAS_CORETYPE=Haswell``: NumPy's OpenBLAS (few-shot's ridge solve, statistics) on its Haswell
   (AVX2) kernels, not the kernels of the detected core (OpenBLAS's DYNAMIC_ARCH, ``OPENBLAS_CORETYPE``).
-- ``OPENCV_CPU_DISABLE=AVX512-SKX`` and ``OPENCV_IPP=disabled``: OpenCV's dispatched AVX-512 paths off,
-  and Intel IPP (its own per-vendor dispatch) off, for the fast input backend's warps and filters
-  (OpenCV's *CPU optimizations build options*; ``core/src/system.cpp``).
+- Not pinned: OpenCV's dispatch (AVX-512 paths, Intel IPP) for the fast input backend's warps, filters
+  and resizes; turning either off changes none of their bits on an AVX-512 CPU (measured as below), and
+  the fingerprint hashes those ops, so a CPU where they differ fails its test.
 
-Which of these change bits on a given CPU, and their cost, were measured with
-``python -m dpnrepro.kernel_fingerprint --switches`` (docs/determinism.md). Values a user sets in the
+Which ops each switch changes was measured with ``python -m dpnrepro.kernel_fingerprint --switches``
+(each set alone to another CPU's choice); results and cost in docs/determinism.md#cpu-switches. Values a user sets in the
 environment win (``setdefault``). ``DPNREPRO_CPU_KERNELS=native`` opts out of all of it for speed:
 results are then reproducible on the same machine only, and their hardware label says so.
 """
@@ -41,8 +41,6 @@ INSTRUCTION_SET_ENV = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
     "OPENBLAS_CORETYPE": "Haswell",
-    "OPENCV_CPU_DISABLE": "AVX512-SKX",
-    "OPENCV_IPP": "disabled",
 }
 
 # Intra-op threads of every stage: the CI machine's 2 cores. Another value changes ATen's reduction

@@ -241,8 +241,9 @@ def diff(found: dict[str, str], committed: dict[str, str]) -> list[str]:
 OTHER_CPUS_CHOICE = {
     "ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO", "MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "TRUE",
     "ONEDNN_MAX_CPU_ISA": "ALL", "NPY_DISABLE_CPU_FEATURES": "", "OPENBLAS_CORETYPE": "SkylakeX",
-    "OPENCV_CPU_DISABLE": "", "OPENCV_IPP": "",
 }
+# Knobs left to the library, tried too: OpenCV's AVX-512 paths and Intel IPP off (on this CPU: on).
+UNPINNED_TRIED = {"OPENCV_CPU_DISABLE": "AVX512-SKX", "OPENCV_IPP": "disabled"}
 
 
 def _switch_sweep() -> dict:
@@ -262,6 +263,8 @@ def _switch_sweep() -> dict:
     for key, value in INSTRUCTION_SET_ENV.items():
         other = OTHER_CPUS_CHOICE[key]
         report[f"{key}={other!r} (pinned: {value!r})"] = diff(run({**pinned, key: other}), base)
+    for key, value in UNPINNED_TRIED.items():
+        report[f"{key}={value!r} (not pinned)"] = diff(run({**pinned, key: value}), base)
     return report
 
 
