@@ -83,6 +83,7 @@ def test_compiled_loss_and_gradients_match_eager(device, cudagraphs):
         step = LossStep(model, sigmoid_xent, dev, compile=compile_, cudagraphs=cudagraphs)
         for _ in range(2 if cudagraphs else 1):  # CUDA graphs record on a later call
             model.zero_grad(set_to_none=True)
+            step.begin_step()
             loss = step(unit_range(x), t)
             loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -139,20 +140,96 @@ def test_sampler_reads_each_epoch_permutation_once_and_gives_the_same_batches():
 def test_a_kept_loss_survives_the_next_step(device):
     """The trainer logs losses after later steps ran: with CUDA graphs the returned loss lives in the graph's
     pool and the next replay overwrites it, so ``LossStep.kept`` must copy it (on CUDA, with and without
-    graphs; on the CPU a detached view is enough)."""
+    graphs; on the CPU a detached view is enough). Driven as the trainer drives it: per optimizer step
+    ``zero_grad(set_to_none=True)``, ``begin_step``, then the micro-batches (1 and 2) and their backwards."""
     from dpnrepro.training.losses import sigmoid_xent
 
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
-    xs = [torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(4)]
+    xs = [torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(8)]
     t = torch.nn.functional.one_hot(torch.randint(0, 10, (8,), generator=gen), 10).float().to(dev)
     for cudagraphs in ([False, True] if device == "cuda" else [False]):
-        step = LossStep(_mu_model(dev), sigmoid_xent, dev, compile=cudagraphs, cudagraphs=cudagraphs)
-        kept, fresh = [], []
-        for x in xs:
-            loss = step(unit_range(x), t)
-            loss.backward()
-            fresh.append(float(loss))
-            kept.append(step.kept(loss))
-        assert not kept[0].requires_grad
-        assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs}: a kept loss was overwritten"
+        for accum in (1, 2):
+            model = _mu_model(dev)
+            params = [p for p in model.parameters() if p.requires_grad]
+            step = LossStep(model, sigmoid_xent, dev, compile=cudagraphs, cudagraphs=cudagraphs)
+            kept, fresh = [], []
+            for k in range(0, len(xs), accum):  # 8 micro-batches: warm-up, recording, then replays
+                model.zero_grad(set_to_none=True)
+                step.begin_step(params)
+                for x in xs[k:k + accum]:
+                    loss = step(unit_range(x), t)
+                    (loss / accum).backward()
+                    fresh.append(float(loss))
+                    kept.append(step.kept(loss))
+            assert not kept[0].requires_grad
+            assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs} accum={accum}: a kept loss was overwritten"
+
+
+def test_begin_step_is_required_and_refuses_gradients_kept_from_the_last_step():
+    """With CUDA graphs a step's micro-batches share one graph step (``begin_step``), and gradients cannot carry
+    over to the next one (they live in the graph pool, freed at the next mark: pytorch/pytorch#169545). Both
+    misuses are refused in one line; the guard is checked here on the CPU (the flag forced, no graphs made)."""
+    from dpnrepro.training.losses import sigmoid_xent
+
+    model = _mu_model("cpu")
+    params = list(model.parameters())
+    step = LossStep(model, sigmoid_xent, torch.device("cpu"))
+    step.begin_step(params)  # no graphs: nothing to check, nothing refused
+    step.cudagraphs = True
+    x = unit_range(torch.zeros(2, 1, 28, 28, dtype=torch.uint8))
+    t = torch.zeros(2, 10)
+    with pytest.raises(RuntimeError, match="begin_step"):
+        step(x, t)
+    step.begin_step(params)
+    step(x, t).backward()
+    step(x, t).backward()  # a second micro-batch of the same step accumulates
+    with pytest.raises(ValueError, match="set_to_none=True"):
+        step.begin_step(params)  # .grad still held from the last step
+    model.zero_grad(set_to_none=True)
+    step.begin_step(params)
+
+
+def _accumulated_grads(model, step, micro_batches, t, steps):
+    """Per optimizer step: zero_grad(set_to_none), begin_step, then each micro-batch's mean-loss backward (the
+    trainer's loop); the flattened gradient of each step, copied out."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = []
+    for s in range(steps):
+        model.zero_grad(set_to_none=True)
+        step.begin_step(params)
+        for x in micro_batches[s]:
+            (step(unit_range(x), t) / len(micro_batches[s])).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in params]).float().clone())
+    return grads
+
+
+@needs_cuda
+def test_two_micro_batches_with_compile_and_cuda_graphs_give_the_eager_gradients():
+    """Gradient accumulation under CUDA graphs (runtime.accum_steps 2 + compile + cudagraphs): one graph step per
+    optimizer step, the second micro-batch's backward adds into the first's .grad (a graph output). Over 4 steps
+    (warm-up, recording, replays) with other data each step: the eager gradients to bf16 rounding (as
+    test_compiled_loss_and_gradients_match_eager), those of the same compiled graph without CUDA graphs closer; a lost micro-batch is far outside both."""
+    from dpnrepro.training.losses import sigmoid_xent
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    steps, accum = 4, 2
+    batches = [[torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(accum)]
+               for _ in range(steps)]
+    t = torch.nn.functional.one_hot(torch.randint(0, 10, (8,), generator=gen), 10).float().to(dev)
+    runs = {}
+    for name, compile_, graphs in (("eager", False, False), ("compiled", True, False), ("cudagraphs", True, True)):
+        model = _mu_model(dev)
+        runs[name] = _accumulated_grads(model, LossStep(model, sigmoid_xent, dev, compile=compile_, cudagraphs=graphs),
+                                        batches, t, steps)
+    model = _mu_model(dev)  # what a lost micro-batch would leave: the first one's half of the mean
+    lost = 0.5 * _accumulated_grads(model, LossStep(model, sigmoid_xent, dev), [b[:1] for b in batches], t, 1)[0]
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    for s in range(steps):
+        assert rel(runs["cudagraphs"][s], runs["compiled"][s]) < 1e-2, s
+        assert rel(runs["cudagraphs"][s], runs["eager"][s]) < 0.15, s
+    assert rel(lost, runs["eager"][0]) > 0.3  # the bounds above tell a lost micro-batch apart

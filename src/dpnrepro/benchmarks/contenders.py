@@ -177,6 +177,7 @@ class Contender:
 
         def step() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
+            loss_step.begin_step()
             loss = loss_step(unit_range(images), targets)
             loss.backward()
             if grad_clip > 0:
