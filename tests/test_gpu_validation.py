@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from helpers import REPO
 
 from dpnrepro.benchmarks import gpu_validation as gv
@@ -59,6 +60,7 @@ def _packed_jobs(out):
     return dict(line.split("\t")[:2] for line in jobs.splitlines())
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_table1_call_trains_commits_packs_and_returns_one_results_file(tmp_path):
     """The lead's one call, on the CPU: `tests` then `table1` (params made as `make profile` makes them with a
     YAML-aware edit, `dvc repro prepare`, the sweep's runs in parallel, `dvc commit`, evaluation, the DVC pack);
@@ -69,7 +71,7 @@ def test_dry_run_of_the_table1_call_trains_commits_packs_and_returns_one_results
 
     root = copy_project(tmp_path / "gpu")
     out = tmp_path / "out"
-    proc = _dry_run(root, out, "tests", "table1")
+    proc = _dry_run(root, out, "env", "tests", "table1", TESTS_IN_BACKGROUND="1")  # as the lead's call runs it
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = _packed_jobs(out)
     assert {k: jobs.get(k) for k in ("tests", "table1_prepare", "table1_train", "table1_evaluate")} == dict.fromkeys(
@@ -87,7 +89,7 @@ def test_a_spent_budget_skips_the_jobs_and_still_returns_the_results_file(tmp_pa
     root = copy_project(tmp_path / "gpu")
     out = tmp_path / "out"
     proc = _dry_run(root, out, "tests", BUDGET_S="20", PACK_RESERVE_S="20")
-    assert "skipped, the budget is spent" in proc.stdout, proc.stdout
+    assert "skipped, the budget is spent" in proc.stdout and proc.returncode == 1, proc.stdout
     assert _packed_jobs(out) == {"tests": "rc=skipped"}
 
 

@@ -163,7 +163,7 @@ def test_a_kept_loss_survives_the_next_step(device):
                     fresh.append(float(loss))
                     kept.append(step.kept(loss))
             assert not kept[0].requires_grad
-            assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs} accum={accum}: a kept loss was overwritten"
+            assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs} accum={accum}: a kept loss overwritten"
 
 
 def test_begin_step_is_required_and_refuses_gradients_kept_from_the_last_step():
@@ -209,7 +209,8 @@ def test_two_micro_batches_with_compile_and_cuda_graphs_give_the_eager_gradients
     """Gradient accumulation under CUDA graphs (runtime.accum_steps 2 + compile + cudagraphs): one graph step per
     optimizer step, the second micro-batch's backward adds into the first's .grad (a graph output). Over 4 steps
     (warm-up, recording, replays) with other data each step: the eager gradients to bf16 rounding (as
-    test_compiled_loss_and_gradients_match_eager), those of the same compiled graph without CUDA graphs closer; a lost micro-batch is far outside both."""
+    test_compiled_loss_and_gradients_match_eager), those of the same compiled graph without CUDA graphs closer;
+    a lost micro-batch is far outside both."""
     from dpnrepro.training.losses import sigmoid_xent
 
     dev = torch.device("cuda")
@@ -233,3 +234,36 @@ def test_two_micro_batches_with_compile_and_cuda_graphs_give_the_eager_gradients
         assert rel(runs["cudagraphs"][s], runs["compiled"][s]) < 1e-2, s
         assert rel(runs["cudagraphs"][s], runs["eager"][s]) < 0.15, s
     assert rel(lost, runs["eager"][0]) > 0.3  # the bounds above tell a lost micro-batch apart
+
+
+@needs_cuda
+def test_the_trainer_accumulates_two_micro_batches_under_cuda_graphs(tmp_path):
+    """The trainer with runtime.accum_steps 2 + compile + cudagraphs (before issue 31 it marked a graph step per
+    micro-batch and crashed at the second one): 4 optimizer steps (warm-up, recording, replays) move the
+    weights as the eager trainer does, to bf16 rounding (momentum SGD: the update is linear in the gradient, so a
+    lost micro-batch would show as a ~50 % difference)."""
+    import datasets
+
+    from dpnrepro.config.core import InputParams, TrainParams
+    from dpnrepro.config.runtime import RuntimeParams
+    from dpnrepro.training.trainer import ModelSpec, seed_everything, train_classifier
+
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict(
+        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
+    )
+    spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
+                     drop_path_rate=0.0)
+    seed_everything(0)  # the trainer's own seeding before it builds the model: its initial weights
+    inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=False)
+    cfg = TrainParams(optimizer="sgd_momentum", lr=0.01, weight_decay=0.0, batch_size=16, steps=4, warmup_steps=0,
+                      grad_clip=0.0, device="cuda")
+    w0 = torch.cat([p.detach().flatten() for p in spec.build().parameters()]).cuda()
+    moved = {}
+    for name, graphs in (("eager", False), ("cudagraphs", True)):
+        model = train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / name, progress=False,
+                                 runtime=RuntimeParams(accum_steps=2, compile=graphs, cudagraphs=graphs))
+        moved[name] = torch.cat([p.detach().flatten() for p in model.parameters()]).cuda() - w0
+    assert float((moved["cudagraphs"] - moved["eager"]).norm() / moved["eager"].norm()) < 0.15

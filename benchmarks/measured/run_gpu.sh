@@ -10,7 +10,8 @@
 #
 # phases: env tests step loop input profile mini table1 collect. Budget (issue 31): the whole command gets
 # BUDGET_S seconds (default 570) from its start; every job runs under its own `timeout` (its phase's cap,
-# cut to what is left of the budget less PACK_RESERVE_S), so a stopped job never stops the rest. On exit,
+# cut to what is left of the budget less PACK_RESERVE_S), so a stopped job never stops the rest
+# (TESTS_IN_BACKGROUND=1: the `tests` phase runs beside the later phases, sharing the GPU). On exit,
 # even after an error or a signal, RES is packed into ONE file, $OUT/gpu_results.tar.gz (RES.tar.gz without
 # OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/gpu_artifacts.py;
 # on a CPU machine: python -m dpnrepro.gpu_artifacts unpack FILE). `collect` (python -m
@@ -207,7 +208,7 @@ phase_table1() {  # the mini profile's table1 sweep (20 runs), TABLE1_JOBS runs 
   [ -d .git ] || { git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "gpu run" ; }
   if [ "$DRY" = 1 ]; then
     profile=smoke
-    make_params $profile "runtime.workers=0" "table1.archs=[Mu-7]" "table1.seeds=[0]" "table1.recipe={}" "train.steps=4" \
+    make_params $profile "runtime.workers=0" "table1.archs=[Mu-7]" "table1.recipe={}" "train.steps=4" \
       "train.warmup_steps=1" "data.train_examples=256" "data.val_examples=128" "data.minival_examples=64" \
       "data.format=idx" "data.source=/usr/share/datasets/fashion-mnist" "export_imagefolder=null" \
       "data_i21k.train_examples=256" "data_jft.train_examples=256" || return 1
@@ -245,8 +246,20 @@ phase_collect() { $PY -m dpnrepro.benchmarks.gpu_validation collect "$RES"; }
 
 phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests step loop input profile mini collect)
 export RES_DIR=$RES
+failed=() bg=
 for p in "${phases[@]}"; do
   echo "######## phase $p ($(date +%T), $(( $(date +%s) - T0 )) s of ${BUDGET_S} s)"
-  "phase_$p" || echo "######## phase $p failed (rc=$?)"
-  printf 'phase\t%s\t%s\n' "$p" "$(( $(date +%s) - T0 ))" >> "$RES/phases.tsv"
+  if [ "$p" = tests ] && [ "${TESTS_IN_BACKGROUND:-0}" = 1 ]; then  # beside the next phases (they share the GPU)
+    phase_tests > "$RES/tests_phase.out" 2>&1 & bg=$!
+    echo "######## phase tests runs in the background (pid $bg, output in RES/tests_phase.out)"; continue
+  fi
+  "phase_$p"; rc=$?
+  [ "$rc" = 0 ] || { echo "######## phase $p failed (rc=$rc)"; failed+=("$p"); }
+  printf 'phase\t%s\trc=%s\t%s\n' "$p" "$rc" "$(( $(date +%s) - T0 ))" >> "$RES/phases.tsv"
 done
+if [ -n "$bg" ]; then
+  wait "$bg"; rc=$?; cat "$RES/tests_phase.out"
+  [ "$rc" = 0 ] || { echo "######## phase tests failed (rc=$rc)"; failed+=(tests); }
+  printf 'phase\ttests\trc=%s\t%s\n' "$rc" "$(( $(date +%s) - T0 ))" >> "$RES/phases.tsv"
+fi
+[ ${#failed[@]} = 0 ] || { echo "######## failed phases: ${failed[*]}"; exit 1; }

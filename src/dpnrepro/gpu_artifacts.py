@@ -48,7 +48,8 @@ PIPELINE_FILES = ("dvc.lock", "dvc.yaml", "params.yaml")
 def _dvc(args: list[str], root: Path, capture: bool = False) -> subprocess.CompletedProcess:
     proc = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UserError(f"dvc {' '.join(args)} failed ({proc.returncode}): {(proc.stdout + proc.stderr).strip()[-2000:]}")
+        tail = (proc.stdout + proc.stderr).strip()[-2000:]
+        raise UserError(f"dvc {' '.join(args)} failed ({proc.returncode}): {tail}")
     if not capture:
         sys.stdout.write(proc.stdout)
     return proc
@@ -188,7 +189,8 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
         manifest["ran"] += _stages_to_run(_dvc(["repro", *repro], root).stdout)
         differ = []
         for rel in manifest["compare"]:
-            for gpu_file in sorted(p for p in [dest / "files" / rel, *(dest / "files" / rel).rglob("*")] if p.is_file()):
+            packed = dest / "files" / rel
+            for gpu_file in sorted(p for p in [packed, *packed.rglob("*")] if p.is_file()):
                 ours = root / gpu_file.relative_to(dest / "files")
                 if not ours.is_file() or ours.read_bytes() != gpu_file.read_bytes():
                     differ.append(str(gpu_file.relative_to(dest / "files")))

@@ -91,5 +91,5 @@ class LossStep:
         return self._loss_of(x, targets)
 
     def kept(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss`` detached, safe to keep past the next call (a CUDA graph's output is overwritten then)."""
+        """``loss`` detached, safe to keep past the next optimizer step (whose graph replay overwrites the output)."""
         return loss.detach().clone() if self.cudagraphs else loss.detach()
