@@ -103,7 +103,7 @@ PY
 phase_tests() {  # the CUDA tests (determinism included) and the compiled step's numerics
   local sel="cuda"  # the CUDA tests (determinism, compiled = eager, CUDA graphs with 2 micro-batches)
   [ "$DRY" = 1 ] && sel="kept_loss or begin_step"
-  job tests "${TESTS_CAP_S:-180}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py -k "$sel" \
+  job tests "${TESTS_CAP_S:-300}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py -k "$sel" \
     --junitxml "$RES/tests.xml"
   [ -f "$RES/tests.xml" ] && $PY - "$RES" <<'PY'
 import json, sys, xml.etree.ElementTree as ET
