@@ -14,7 +14,7 @@ PROFILE ?= smoke
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: env repro test test-fast profile clean
+.PHONY: env repro test test-fast profile clean gpu-carry
 
 env:
 	bash scripts/setup_env.sh
@@ -35,6 +35,11 @@ profile:
 	cp profiles/$(PROFILE).yaml params.yaml
 	$(BIN)/python -m dpnrepro.pipeline
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
+
+# The git-ignored folder a lent GPU machine gets through the device tool's `carry` (benchmarks/measured/README.md):
+# the wheels the GPU image lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
+gpu-carry: env
+	$(BIN)/python scripts/gpu_carry.py $(GPU_CARRY_ARGS)
 
 clean:
 	rm -rf data runs checkpoints

@@ -83,6 +83,7 @@ def test_compiled_loss_and_gradients_match_eager(device, cudagraphs):
         step = LossStep(model, sigmoid_xent, dev, compile=compile_, cudagraphs=cudagraphs)
         for _ in range(2 if cudagraphs else 1):  # CUDA graphs record on a later call
             model.zero_grad(set_to_none=True)
+            step.begin_step()
             loss = step(unit_range(x), t)
             loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -139,20 +140,130 @@ def test_sampler_reads_each_epoch_permutation_once_and_gives_the_same_batches():
 def test_a_kept_loss_survives_the_next_step(device):
     """The trainer logs losses after later steps ran: with CUDA graphs the returned loss lives in the graph's
     pool and the next replay overwrites it, so ``LossStep.kept`` must copy it (on CUDA, with and without
-    graphs; on the CPU a detached view is enough)."""
+    graphs; on the CPU a detached view is enough). Driven as the trainer drives it: per optimizer step
+    ``zero_grad(set_to_none=True)``, ``begin_step``, then the micro-batches (1 and 2) and their backwards."""
     from dpnrepro.training.losses import sigmoid_xent
 
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
-    xs = [torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(4)]
+    xs = [torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(8)]
     t = torch.nn.functional.one_hot(torch.randint(0, 10, (8,), generator=gen), 10).float().to(dev)
     for cudagraphs in ([False, True] if device == "cuda" else [False]):
-        step = LossStep(_mu_model(dev), sigmoid_xent, dev, compile=cudagraphs, cudagraphs=cudagraphs)
-        kept, fresh = [], []
-        for x in xs:
-            loss = step(unit_range(x), t)
-            loss.backward()
-            fresh.append(float(loss))
-            kept.append(step.kept(loss))
-        assert not kept[0].requires_grad
-        assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs}: a kept loss was overwritten"
+        for accum in (1, 2):
+            model = _mu_model(dev)
+            params = [p for p in model.parameters() if p.requires_grad]
+            step = LossStep(model, sigmoid_xent, dev, compile=cudagraphs, cudagraphs=cudagraphs)
+            kept, fresh = [], []
+            for k in range(0, len(xs), accum):  # 8 micro-batches: warm-up, recording, then replays
+                model.zero_grad(set_to_none=True)
+                step.begin_step(params)
+                for x in xs[k:k + accum]:
+                    loss = step(unit_range(x), t)
+                    (loss / accum).backward()
+                    fresh.append(float(loss))
+                    kept.append(step.kept(loss))
+            assert not kept[0].requires_grad
+            assert [float(k) for k in kept] == fresh, f"cudagraphs={cudagraphs} accum={accum}: a kept loss overwritten"
+
+
+def test_begin_step_is_required_and_refuses_gradients_kept_from_the_last_step():
+    """With CUDA graphs a step's micro-batches share one graph step (``begin_step``), and gradients cannot carry
+    over to the next one (they live in the graph pool, freed at the next mark: pytorch/pytorch#169545). Both
+    misuses are refused in one line; the guard is checked here on the CPU (the flag forced, no graphs made)."""
+    from dpnrepro.training.losses import sigmoid_xent
+
+    model = _mu_model("cpu")
+    params = list(model.parameters())
+    step = LossStep(model, sigmoid_xent, torch.device("cpu"))
+    step.begin_step(params)  # no graphs: nothing to check, nothing refused
+    step.cudagraphs = True
+    x = unit_range(torch.zeros(2, 1, 28, 28, dtype=torch.uint8))
+    t = torch.zeros(2, 10)
+    with pytest.raises(RuntimeError, match="begin_step"):
+        step(x, t)
+    step.begin_step(params)
+    step(x, t).backward()
+    step(x, t).backward()  # a second micro-batch of the same step accumulates
+    with pytest.raises(ValueError, match="set_to_none=True"):
+        step.begin_step(params)  # .grad still held from the last step
+    model.zero_grad(set_to_none=True)
+    step.begin_step(params)
+
+
+def _accumulated_grads(model, step, micro_batches, t, steps):
+    """Per optimizer step: zero_grad(set_to_none), begin_step, then each micro-batch's mean-loss backward (the
+    trainer's loop); the flattened gradient of each step, copied out."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = []
+    for s in range(steps):
+        model.zero_grad(set_to_none=True)
+        step.begin_step(params)
+        for x in micro_batches[s]:
+            (step(unit_range(x), t) / len(micro_batches[s])).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in params]).float().clone())
+    return grads
+
+
+@needs_cuda
+def test_two_micro_batches_with_compile_and_cuda_graphs_give_the_eager_gradients():
+    """Gradient accumulation under CUDA graphs (runtime.accum_steps 2 + compile + cudagraphs): one graph step per
+    optimizer step, the second micro-batch's backward adds into the first's .grad (a graph output). Over 4 steps
+    (warm-up, recording, replays) with other data each step: the eager gradients to bf16 rounding (as
+    test_compiled_loss_and_gradients_match_eager), those of the same compiled graph without CUDA graphs closer;
+    a lost micro-batch is far outside both."""
+    from dpnrepro.training.losses import sigmoid_xent
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    steps, accum = 4, 2
+    batches = [[torch.randint(0, 256, (8, 1, 28, 28), generator=gen, dtype=torch.uint8).to(dev) for _ in range(accum)]
+               for _ in range(steps)]
+    t = torch.nn.functional.one_hot(torch.randint(0, 10, (8,), generator=gen), 10).float().to(dev)
+    runs = {}
+    for name, compile_, graphs in (("eager", False, False), ("compiled", True, False), ("cudagraphs", True, True)):
+        model = _mu_model(dev)
+        runs[name] = _accumulated_grads(model, LossStep(model, sigmoid_xent, dev, compile=compile_, cudagraphs=graphs),
+                                        batches, t, steps)
+    model = _mu_model(dev)  # what a lost micro-batch would leave: the first one's half of the mean
+    lost = 0.5 * _accumulated_grads(model, LossStep(model, sigmoid_xent, dev), [b[:1] for b in batches], t, 1)[0]
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    for s in range(steps):
+        assert rel(runs["cudagraphs"][s], runs["compiled"][s]) < 1e-2, s
+        assert rel(runs["cudagraphs"][s], runs["eager"][s]) < 0.15, s
+    assert rel(lost, runs["eager"][0]) > 0.3  # the bounds above tell a lost micro-batch apart
+
+
+@needs_cuda
+def test_the_trainer_accumulates_two_micro_batches_under_cuda_graphs(tmp_path):
+    """The trainer with runtime.accum_steps 2 + compile + cudagraphs (before issue 31 it marked a graph step per
+    micro-batch and crashed at the second one): 4 optimizer steps (warm-up, recording, replays) move the
+    weights as the eager trainer does, to bf16 rounding (momentum SGD: the update is linear in the gradient, so a
+    lost micro-batch would show as a ~50 % difference)."""
+    import datasets
+
+    from dpnrepro.config.core import InputParams, TrainParams
+    from dpnrepro.config.runtime import RuntimeParams
+    from dpnrepro.training.trainer import ModelSpec, seed_everything, train_classifier
+
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict(
+        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
+    )
+    spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
+                     drop_path_rate=0.0)
+    seed_everything(0)  # the trainer's own seeding before it builds the model: its initial weights
+    inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=False)
+    cfg = TrainParams(optimizer="sgd_momentum", lr=0.01, weight_decay=0.0, batch_size=16, steps=4, warmup_steps=0,
+                      grad_clip=0.0, device="cuda")
+    w0 = torch.cat([p.detach().flatten() for p in spec.build().parameters()]).cuda()
+    moved = {}
+    for name, graphs in (("eager", False), ("cudagraphs", True)):
+        model = train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / name, progress=False,
+                                 runtime=RuntimeParams(accum_steps=2, compile=graphs, cudagraphs=graphs))
+        moved[name] = torch.cat([p.detach().flatten() for p in model.parameters()]).cuda() - w0
+    assert float((moved["cudagraphs"] - moved["eager"]).norm() / moved["eager"].norm()) < 0.15

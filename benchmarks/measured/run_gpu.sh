@@ -1,45 +1,83 @@
 #!/bin/bash
-# The GPU validation run (one GPU, about 25 minutes on an H100): CUDA tests, the training step on a fixed
-# on-device batch ("synthetic": real photos, no input pipeline) and the trainer's own loop on real JPEG
-# input for B/16 and Ti/16, eager and compiled, a profile of Ti/16's step, and the mini profile's `table1`
-# sweep through `dvc repro`. Each phase writes under RES (default /tmp/gpu_validation) and is skipped when
-# its outputs exist, so the run can be split over several runs on a GPU machine:
+# The GPU validation run (one GPU): CUDA tests, the training step on a fixed on-device batch ("synthetic":
+# real photos, no input pipeline) and the trainer's own loop on real JPEG input for B/16 and Ti/16, eager and
+# compiled, a profile of Ti/16's step, and the mini profile's `table1` sweep. Each phase writes under RES
+# (default /tmp/gpu_validation) and is skipped when its outputs exist, so the run can be split over calls:
 #
 #   bash benchmarks/measured/run_gpu.sh                       # every phase
-#   bash benchmarks/measured/run_gpu.sh tests step loop       # some phases
+#   bash benchmarks/measured/run_gpu.sh env tests table1      # some phases (what one lent-machine call runs)
 #   DRY_RUN=1 bash benchmarks/measured/run_gpu.sh             # CPU: tiny sizes, checks the plumbing (tests/)
 #
-# phases: env tests step loop input profile mini collect. `collect` (python -m dpnrepro.benchmarks.gpu_validation
-# collect RES) writes benchmarks/measured/gpu_validation.json and reports/gpu_validation.md (plain files, not
-# DVC outputs: no CI machine has a GPU). The earlier throughput matrix (every arch x stem, eager/compiled) is
-# `python -m dpnrepro.benchmarks.gpu_measured` (reports/benchmarks_gpu.md). Needs the project's packages (pydantic, datasets, dvc, dvclive) importable: on a bare
-# GPU image put their wheels in .whl/ and run `bash benchmarks/measured/run_gpu.sh env` first.
+# phases: env tests step loop input profile mini table1 collect. Budget: the whole command gets
+# BUDGET_S seconds (default 570) from its start; every job runs under its own `timeout` (its phase's cap,
+# cut to what is left of the budget less PACK_RESERVE_S), so a stopped job never stops the rest
+# (TESTS_IN_BACKGROUND=1: the `tests` phase runs beside the later phases, sharing the GPU). On exit,
+# even after an error or a signal, RES is packed into ONE file, $OUT/gpu_results.tar.gz (RES.tar.gz without
+# OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/gpu_artifacts.py;
+# on a CPU machine: python -m dpnrepro.gpu_artifacts unpack FILE). `collect` (python -m
+# dpnrepro.benchmarks.gpu_validation collect RES) writes benchmarks/measured/gpu_validation.json and
+# reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on the bare GPU
+# image carry the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) and run `env` first.
 set -u -o pipefail
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
+PACK_RESERVE_S=${PACK_RESERVE_S:-25}
 RES=${RES:-/tmp/gpu_validation}
 mkdir -p "$RES"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
   DVC_NO_ANALYTICS=1 DPNREPRO_CPU_THREADS=${DPNREPRO_CPU_THREADS:-8}
+export PATH=/tmp/site/bin:$PATH  # dvc's console script, installed by `env`
 PY=${PYTHON:-python3}
+export PATH=$(dirname "$(command -v "$PY")"):$PATH  # dvc.yaml's stage commands call `python`
 DRY=${DRY_RUN:-0}
 DEV=cuda; [ "$DRY" = 1 ] && DEV=cpu
 CPUS=$(nproc)
+CARRY=${CARRY:-.gpu_carry}
+# the revision the carried checkout was made from (no .git travels; make gpu-carry writes it)
+[ -z "${GIT_REV:-}" ] && [ -s "$CARRY/git_rev" ] && GIT_REV=$(cat "$CARRY/git_rev")
+export GIT_REV=${GIT_REV:-}
 
-job() {  # job NAME COMMAND...: run once (skipped when RES/NAME.json exists), log, record rc and wall time
-  local name=$1; shift
+left() { echo $(( BUDGET_S - PACK_RESERVE_S - ($(date +%s) - T0) )); }
+
+job() {  # job NAME CAP_S COMMAND...: once (skipped when RES/NAME.json exists), under `timeout` min(CAP_S, budget left)
+  local name=$1 cap=$2; shift 2
   if [ -s "$RES/$name.json" ]; then echo "== $name: done before"; return 0; fi
-  echo "== $name: $*"
+  local t=$(left); [ "$cap" -lt "$t" ] && t=$cap
+  if [ "$t" -lt 5 ]; then
+    echo "== $name: skipped, the budget is spent"; printf '%s\trc=skipped\twall_s=0\n' "$name" >> "$RES/jobs.tsv"; return 1
+  fi
+  echo "== $name (timeout ${t}s): $*"
   printf '%s\t%s\n' "$name" "$*" >> "$RES/commands.tsv"
-  local t=$(date +%s)
-  "$@" 2>&1 | tee "$RES/$name.log"; local rc=${PIPESTATUS[0]}
-  printf '%s\trc=%s\twall_s=%s\n' "$name" "$rc" "$(( $(date +%s) - t ))" >> "$RES/jobs.tsv"
+  local t0=$(date +%s)
+  timeout --signal=INT --kill-after=15 "$t" "$@" 2>&1 | tee "$RES/$name.log"; local rc=${PIPESTATUS[0]}
+  printf '%s\trc=%s\twall_s=%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" >> "$RES/jobs.tsv"
+  return "$rc"
 }
 
-phase_env() {
-  if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import pydantic, datasets, dvc, dvclive" 2>/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || return 1
+pack_results() {  # the EXIT trap: every result in one file under $OUT (the device tool returns at most 8 files)
+  local dest=${OUT:-$(dirname "$RES")}
+  mkdir -p "$dest" && tar -czf "$dest/gpu_results.tar.gz" -C "$(dirname "$RES")" "$(basename "$RES")" \
+    && echo "######## results packed: $dest/gpu_results.tar.gz ($(du -h "$dest/gpu_results.tar.gz" | cut -f1))"
+}
+trap pack_results EXIT
+trap 'exit 130' INT TERM
+
+make_params() {  # make_params PROFILE KEY=VALUE...: params.yaml as `make profile` makes it, then a YAML-aware edit
+  local profile=$1; shift
+  cp "profiles/$profile.yaml" params.yaml || return 1
+  [ $# -gt 0 ] && { $PY scripts/set_params.py "$@" || return 1; }
+  $PY -m dpnrepro.pipeline || return 1
+}
+
+phase_env() {  # the carried wheels (make gpu-carry) into /tmp/site, Fashion-MNIST where the profiles read it
+  local whl=$CARRY/whl; [ -d "$whl" ] || whl=.whl
+  if ls "$whl"/*.whl >/dev/null 2>&1 && ! $PY -c "import pydantic, datasets, dvc, dvclive" 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl \
+      || return 1
   fi
-  if [ -d .gpu_data/fashion-mnist ] && [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-    mkdir -p /usr/share/datasets && cp -r .gpu_data/fashion-mnist /usr/share/datasets/
+  local data=$CARRY/fashion-mnist; [ -d "$data" ] || data=.gpu_data/fashion-mnist
+  if [ -d "$data" ] && [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    mkdir -p /usr/share/datasets/fashion-mnist && cp "$data"/*.gz /usr/share/datasets/fashion-mnist/
   fi
   $PY - "$RES" <<'PY'
 import datetime, json, os, subprocess, sys
@@ -63,8 +101,9 @@ PY
 }
 
 phase_tests() {  # the CUDA tests (determinism included) and the compiled step's numerics
-  local sel="cuda or compiled"
-  job tests $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py -k "$sel" \
+  local sel="cuda"  # the CUDA tests (determinism, compiled = eager, CUDA graphs with 2 micro-batches)
+  [ "$DRY" = 1 ] && sel="kept_loss or begin_step"
+  job tests "${TESTS_CAP_S:-300}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py -k "$sel" \
     --junitxml "$RES/tests.xml"
   [ -f "$RES/tests.xml" ] && $PY - "$RES" <<'PY'
 import json, sys, xml.etree.ElementTree as ET
@@ -81,7 +120,7 @@ phase_step() {  # the step on a fixed on-device batch: eager / compiled / compil
   local common="--device $DEV --no-progress --seed 0 --warmup-steps 3 --no-timm-reference --img-size 224"
   local r=12 s=5 b=256 bt=256
   [ "$DRY" = 1 ] && { r=6; s=1; b=4; bt=4; common="$common --img-size 32 --archs Mu-4"; }
-  bench() { local name=$1; shift; job "$name" $PY stages/benchmark.py $common "$@" --out-json "$RES/$name.json" --out-md "$RES/$name.md"; }
+  bench() { local name=$1; shift; job "$name" 300 $PY stages/benchmark.py $common "$@" --out-json "$RES/$name.json" --out-md "$RES/$name.md"; }
   if [ "$DRY" = 1 ]; then
     bench step_eager --stems conv,dpn --batch-size $b --rounds $r --steps-per-round $s --no-compile
     bench step_compiled --stems dpn --batch-size $b --rounds $r --steps-per-round $s --compile
@@ -98,11 +137,11 @@ phase_step() {  # the step on a fixed on-device batch: eager / compiled / compil
 phase_loop() {  # the trainer's own loop on real JPEGs (full profile's table1 recipe, pil backend, all cores)
   local w=$(( CPUS > 2 ? CPUS - 2 : 1 ))
   if [ "$DRY" = 1 ]; then
-    job loop_dry $PY -m dpnrepro.benchmarks.trainer_loop --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 --workers 0 \
+    job loop_dry 120 $PY -m dpnrepro.benchmarks.trainer_loop --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 --workers 0 \
       --device cpu --synthetic-rounds 0 --out "$RES/loop_dry.json"
     return
   fi
-  lp() { local name=$1; shift; job "$name" $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
+  lp() { local name=$1; shift; job "$name" 300 $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
   lp loop_b16_eager --arch B-16 --batch-size 256 --steps 20 --warmup 8
   lp loop_b16_compiled --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile
   lp loop_ti16_eager --arch Ti-16 --batch-size 256 --steps 30 --warmup 10
@@ -113,58 +152,114 @@ phase_loop() {  # the trainer's own loop on real JPEGs (full profile's table1 re
 phase_input() {  # input.backend gpu (data/gpu.py) against pil / fast: img/s and CPU cores for B/16's 3,300 img/s
   local w=$(( CPUS > 2 ? CPUS - 2 : 1 ))
   if [ "$DRY" = 1 ]; then
-    job input_dry $PY -m dpnrepro.benchmarks.gpu_input --device cpu --rounds 2 --skip-end-to-end --out "$RES/input_dry.json"
+    job input_dry 120 $PY -m dpnrepro.benchmarks.gpu_input --device cpu --rounds 2 --skip-end-to-end --out "$RES/input_dry.json"
     return
   fi
   # the pipeline alone (worker half per core, device half, the trainer's batches end to end, CUDA vs CPU pixels)
-  job input_gpu $PY -m dpnrepro.benchmarks.gpu_input --device cuda --workers $w --out "$RES/input_gpu.json" \
+  job input_gpu 300 $PY -m dpnrepro.benchmarks.gpu_input --device cuda --workers $w --out "$RES/input_gpu.json" \
     --out-md "$RES/input_gpu.md"
   # the trainer's loop with B/16 on top, full profile recipe (big_vision crop, RandAugment m15, mixup), per backend
-  lp() { local name=$1; shift; job "$name" $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
+  lp() { local name=$1; shift; job "$name" 300 $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
   lp loop_b16_compiled_gpuinput --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend gpu
   lp loop_b16_compiled_pil --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend pil
   lp loop_b16_compiled_fast --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend fast
   # the same from a real-photo JPEG folder on disk (needs foolbox's wheel in .whl/, see photo_folder.py)
   if $PY -c "import foolbox" 2>/dev/null || ls .whl/foolbox-*.whl >/dev/null 2>&1; then
-    job input_folder $PY scripts/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 --gpu-decode \
+    job input_folder 300 $PY scripts/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 --gpu-decode \
       --skip-prepare --tmp /tmp --out-json "$RES/input_folder.json" --out-md "$RES/input_folder.md"
   fi
 }
 
 phase_profile() {  # where Ti/16's eager step spends its time (torch.profiler, CPU and CUDA)
   [ "$DRY" = 1 ] && return
-  job profile_ti16 $PY -m dpnrepro.benchmarks.step_profile --arch Ti-16 --batch-size 256 --out "$RES/profile_ti16.json"
+  job profile_ti16 300 $PY -m dpnrepro.benchmarks.step_profile --arch Ti-16 --batch-size 256 --out "$RES/profile_ti16.json"
 }
 
-phase_mini() {  # the mini profile's table1 sweep through dvc repro (resumable: a rerun continues the sweep)
+phase_mini() {  # the mini profile's table1 sweep through `dvc repro train-table1`, one run after the other (resumable)
   [ "$DRY" = 1 ] && return
   if [ -s "$RES/mini_table1.json" ]; then echo "== mini: done before"; return; fi
   [ -d .git ] || { git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "gpu run" ; }
-  # the mini profile, with this machine's loader workers and the Mu step compiled and replayed as CUDA graphs
-  # (host-bound eager: reports/gpu_validation.md); runtime.* is tracked by no stage
-  sed -e "s/^  workers: 4\$/  workers: $(( CPUS > 2 ? CPUS - 2 : 1 ))\n  compile: true\n  cudagraphs: true/" \
-    profiles/mini.yaml > params.yaml
+  # runtime.* is tracked by no stage: this machine's loader workers (the profile already compiles + CUDA graphs)
+  make_params mini "runtime.workers=$(( CPUS > 2 ? CPUS - 2 : 1 ))" || return 1
   rm -f .dvc/tmp/rwlock .dvc/tmp/lock  # a previous call's repro stopped at its time budget
-  local t=$(date +%s)
-  PATH=$(dirname "$(command -v $PY)"):$PATH timeout --signal=INT "${MINI_BUDGET_S:-100000}" $PY -m dvc repro table1 2>&1 \
-    | tee -a "$RES/mini.log"; local rc=${PIPESTATUS[0]}
-  printf 'mini\trc=%s\twall_s=%s\n' "$rc" "$(( $(date +%s) - t ))" >> "$RES/jobs.tsv"
-  if [ "$rc" = 0 ]; then
-    cp metrics/table1.json "$RES/mini_table1_metrics.json" 2>/dev/null
-    cp metrics/table1_summary.json "$RES/mini_table1_summary.json" 2>/dev/null
-    cp reports/table1.md "$RES/mini_table1.md" 2>/dev/null
-    $PY - "$RES" <<'PY'
-import json, sys
-walls = [l.split("\t") for l in open(f"{sys.argv[1]}/jobs.tsv") if l.startswith("mini\t")]
-json.dump({"wall_s_per_call": [int(w[2].split("=")[1]) for w in walls]}, open(f"{sys.argv[1]}/mini_table1.json", "w"))
+  PATH=$(dirname "$(command -v $PY)"):$PATH job mini "${MINI_CAP_S:-100000}" $PY -m dvc repro train-table1 \
+    && echo '{}' > "$RES/mini_table1.json"
+}
+
+table1_runs() {  # the runs of a sweep, one "arch stem seed run_dir" line each, in the stage's order
+  $PY - "$1" <<'PY'
+import sys
+from dpnrepro.config.params import load_params
+from dpnrepro.runs import resolve_runs
+for r in resolve_runs(load_params(), sys.argv[1]):
+    print(r.run.arch, r.run.stem, r.run.seed, r.dir)
 PY
+}
+
+phase_table1() {  # the mini profile's table1 sweep (20 runs), TABLE1_JOBS runs at a time on the one GPU, in DVC
+  # `dvc repro prepare` (through DVC); then the stage's own one-run command (stages/train.py --sweep table1 --arch
+  # A --stem S --seed N: the same run as inside the whole-sweep command, seeded per run) TABLE1_JOBS at a time,
+  # a finished run dir kept; when all are done `dvc commit train-table1` records them in dvc.lock (the stage was
+  # not run by `dvc repro`: 20 runs x 25-35 s one after the other do not fit a 10-minute call), `evaluate.py
+  # --sweep table1` scores them (metrics/table1.json) and their CI + verdict go to RES/table1_summary.json.
+  # DRY_RUN=1: the smoke profile's sweep shrunk to seconds, on the CPU.
+  local jobs=${TABLE1_JOBS:-4} profile=mini
+  local workers=$(( CPUS / jobs > 2 ? CPUS / jobs - 1 : 1 ))
+  [ -d .git ] || { git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "gpu run" ; }
+  if [ "$DRY" = 1 ]; then
+    profile=smoke
+    make_params $profile "runtime.workers=0" "table1.archs=[Mu-7]" "table1.recipe={}" "train.steps=4" \
+      "train.warmup_steps=1" "data.train_examples=256" "data.val_examples=128" "data.minival_examples=64" \
+      "data.format=idx" "data.source=/usr/share/datasets/fashion-mnist" "export_imagefolder=null" \
+      "data_i21k.train_examples=256" "data_jft.train_examples=256" || return 1
+  else
+    make_params $profile "runtime.workers=$workers" || return 1
   fi
+  rm -f .dvc/tmp/rwlock .dvc/tmp/lock
+  local dvc="$PY -m dvc"
+  job table1_prepare "${PREPARE_CAP_S:-150}" $dvc repro prepare || return 1
+  table1_runs table1 > "$RES/table1_runs.txt" || return 1
+  echo "== table1: $(wc -l < "$RES/table1_runs.txt") runs, $jobs at a time, $workers loader workers each"
+  export DPNREPRO_CPU_THREADS=$(( CPUS / jobs > 1 ? CPUS / jobs : 1 )) TORCHINDUCTOR_COMPILE_THREADS=$(( CPUS / jobs > 1 ? CPUS / jobs : 1 ))
+  # shellcheck disable=SC2016
+  job table1_train "${TRAIN_CAP_S:-480}" xargs -P "$jobs" -L 1 bash -c '
+    if [ -f "$3/model.safetensors" ]; then echo "kept $3"; exit 0; fi  # finished by an earlier call
+    t=$(date +%s); '"$PY"' stages/train.py --sweep table1 --arch "$0" --stem "$1" --seed "$2" \
+      > "$RES_DIR/table1_run_$0_$1_s$2.log" 2>&1; rc=$?
+    echo "run $3: rc=$rc $(( $(date +%s) - t )) s"; exit $rc' < "$RES/table1_runs.txt"
+  local rc=$?
+  [ "$rc" = 0 ] || { echo "== table1: not every run finished (rc=$rc); rerun the phase on the warm machine to go on"; return 1; }
+  $dvc commit -f train-table1 || return 1
+  job table1_evaluate "${EVAL_CAP_S:-90}" $PY stages/evaluate.py --sweep table1 || return 1
+  cp metrics/table1.json "$RES/table1_metrics.json"
+  $PY - "$RES" <<'PY'
+import json, sys
+from dpnrepro.reports.tables import summarize_sweep
+metrics = json.load(open("metrics/table1.json"))
+json.dump(summarize_sweep(metrics), open(f"{sys.argv[1]}/table1_summary.json", "w"), indent=1, default=str)
+PY
+  $PY -m dpnrepro.gpu_artifacts pack "${OUT:-$RES}/gpu_artifacts.tar.gz" --stages train-table1 --extra metrics/table1.json \
+    2>&1 | tee "$RES/table1_pack.log"
 }
 
 phase_collect() { $PY -m dpnrepro.benchmarks.gpu_validation collect "$RES"; }
 
 phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests step loop input profile mini collect)
+export RES_DIR=$RES
+failed=() bg=
 for p in "${phases[@]}"; do
-  echo "######## phase $p ($(date +%T))"
-  "phase_$p"
+  echo "######## phase $p ($(date +%T), $(( $(date +%s) - T0 )) s of ${BUDGET_S} s)"
+  if [ "$p" = tests ] && [ "${TESTS_IN_BACKGROUND:-0}" = 1 ]; then  # beside the next phases (they share the GPU)
+    phase_tests > "$RES/tests_phase.out" 2>&1 & bg=$!
+    echo "######## phase tests runs in the background (pid $bg, output in RES/tests_phase.out)"; continue
+  fi
+  "phase_$p"; rc=$?
+  [ "$rc" = 0 ] || { echo "######## phase $p failed (rc=$rc)"; failed+=("$p"); }
+  printf 'phase\t%s\trc=%s\t%s\n' "$p" "$rc" "$(( $(date +%s) - T0 ))" >> "$RES/phases.tsv"
 done
+if [ -n "$bg" ]; then
+  wait "$bg"; rc=$?; cat "$RES/tests_phase.out"
+  [ "$rc" = 0 ] || { echo "######## phase tests failed (rc=$rc)"; failed+=(tests); }
+  printf 'phase\ttests\trc=%s\t%s\n' "$rc" "$(( $(date +%s) - T0 ))" >> "$RES/phases.tsv"
+fi
+[ ${#failed[@]} = 0 ] || { echo "######## failed phases: ${failed[*]}"; exit 1; }

@@ -248,8 +248,10 @@ class Contender:
 
         def step() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            if graphs:
+            if own_mode and graphs:  # the lever's own compiled region: one graph step per optimizer step
                 torch.compiler.cudagraph_mark_step_begin()
+            else:
+                loss_step.begin_step()
             with attention():
                 loss = loss_fn(unit_range(images), targets)
                 loss.backward()

@@ -41,7 +41,9 @@ class LossStep:
     ``compile``: one ``torch.compile`` graph for forward + loss (AOTAutograd compiles the backward too).
     ``cudagraphs`` (with ``compile``, CUDA only): ``mode="reduce-overhead"``, the forward and backward
     replayed as CUDA graphs; the returned loss lives in the graph's memory pool and is overwritten by the
-    next call: keep :meth:`kept` of it, not the loss itself, beyond it.
+    next optimizer step's replay: keep :meth:`kept` of it, not the loss itself, beyond it. Drive it as the
+    trainer does: per optimizer step ``zero_grad(set_to_none=True)``, :meth:`begin_step`, then per
+    micro-batch ``step(x, t).backward()``.
     """
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], loss_fn, device: torch.device, *,
@@ -59,12 +61,35 @@ class LossStep:
         if compile:
             loss_of = torch.compile(loss_of, mode="reduce-overhead" if self.cudagraphs else None)
         self._loss_of = loss_of
+        self._begun = False
+
+    def begin_step(self, params=None) -> None:
+        """Start one optimizer step: call once before its first micro-batch, after the gradients were set to
+        None (``optimizer.zero_grad(set_to_none=True)``); then call the step once per micro-batch.
+
+        With CUDA graphs this marks one graph step (``torch.compiler.cudagraph_mark_step_begin``) for all the
+        micro-batches of the optimizer step. The first backward *steals* a graph output as ``p.grad`` (it
+        lives in the graph pool); the later micro-batches of the same step add into it, and the graph tree
+        keeps it alive until the step ends. A mark frees every output of the previous step, so a ``.grad``
+        kept across a mark (a mark per micro-batch, or gradients zeroed in place instead of set to None) is
+        overwritten storage: PyTorch raises "accessing tensor output of CUDAGraphs that has been overwritten"
+        at the next backward (pytorch/pytorch#169545). ``params`` (optional): refuse that up front, in one line.
+        """
+        if not self.cudagraphs:
+            return
+        if params is not None and any(p.grad is not None for p in params):
+            raise ValueError("LossStep.begin_step with CUDA graphs: parameters still hold .grad from the last step; "
+                             "set them to None first (optimizer.zero_grad(set_to_none=True)), gradients cannot "
+                             "accumulate across optimizer steps in the graph pool")
+        torch.compiler.cudagraph_mark_step_begin()
+        self._begun = True
 
     def __call__(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
+        if self.cudagraphs and not self._begun:
+            raise RuntimeError("LossStep with CUDA graphs: call begin_step() once per optimizer step, before its "
+                               "first micro-batch")
         return self._loss_of(x, targets)
 
     def kept(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss`` detached, safe to keep past the next call (a CUDA graph's output is overwritten then)."""
+        """``loss`` detached, safe to keep past the next optimizer step (whose graph replay overwrites the output)."""
         return loss.detach().clone() if self.cudagraphs else loss.detach()

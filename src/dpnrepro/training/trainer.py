@@ -150,6 +150,9 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
     loader = train_batches(train_ds, input_cfg.model_dump(), sampler, runtime.workers, spec.num_classes, device)
     loss_step = LossStep(par.forward, LOSSES[train_cfg.loss], device, compile=runtime.compile,
                          cudagraphs=runtime.cudagraphs)
+    if loss_step.cudagraphs and par.fsdp:  # pytorch/pytorch#127225: FSDP2's hooks free and re-gather parameters
+        raise UserError("runtime.cudagraphs does not work with runtime.parallel: fsdp (FSDP2 frees and re-gathers "
+                        "the parameters around every block); set runtime.cudagraphs: false or runtime.parallel: ddp")
     params = [p for p in model.parameters() if p.requires_grad]
     accum = runtime.accum_steps
     kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
@@ -161,7 +164,8 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         model.train()
         images = unit_range(images.to(device, non_blocking=True))
         labels = labels.to(device, non_blocking=True)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)  # set to None, not zeroed: with CUDA graphs .grad lives in the pool
+        loss_step.begin_step(params)  # one CUDA-graph step for all `accum` micro-batches (training/step.py)
         loss_sum = None
         for k in range(accum):
             lo = k * micro

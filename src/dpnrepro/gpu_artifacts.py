@@ -1,0 +1,238 @@
+"""GPU-made artifacts, cached and pulled (issue 31): a GPU run's DVC outputs packed as one file, regenerated
+into reports on a CPU machine without training a step.
+
+On the GPU machine, at the end of a run (benchmarks/measured/run_gpu.sh, phase `pack`)::
+
+    python -m dpnrepro.gpu_artifacts pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
+
+``dvc push`` of the cached outputs of ``--stages`` to a local remote, packed with the run's dvc.lock,
+dvc.yaml and params.yaml, the stages' uncached outputs (``cache: false``: metrics JSON) and the ``--compare``
+files (what the CPU side must regenerate byte for byte), plus a manifest (git revision, stages, files).
+A pack over 15 MiB is cut into ``.partNN`` files (the device tool returns files of at most 16 MiB).
+
+On a CPU machine, in a checkout of the same revision::
+
+    python -m dpnrepro.gpu_artifacts unpack gpu_artifacts.tar.gz [--repro table1 ...]
+
+puts the GPU run's dvc.lock / dvc.yaml / params.yaml and uncached outputs in place, ``dvc pull``s the cached
+ones from the packed remote, and with ``--repro`` runs ``dvc repro`` of those targets: refused up front when
+``dvc repro --dry`` would run a stage of ``--stages`` (a training stage whose deps differ from the GPU run's:
+code, params or prepared data), then every ``--compare`` file is checked byte for byte against the GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from dpnrepro.errors import UserError
+
+REMOTE = "gpu-artifacts"
+MANIFEST = "manifest.json"
+PART_BYTES = 15 * 2**20
+PIPELINE_FILES = ("dvc.lock", "dvc.yaml", "params.yaml")
+
+
+def _dvc(args: list[str], root: Path, capture: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip()[-2000:]
+        raise UserError(f"dvc {' '.join(args)} failed ({proc.returncode}): {tail}")
+    if not capture:
+        sys.stdout.write(proc.stdout)
+    return proc
+
+
+def uncached_outputs(root: Path, stages: list[str]) -> list[str]:
+    """The ``cache: false`` outputs (outs, metrics, plots) of ``stages`` in ``root``'s dvc.yaml."""
+    body = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    paths = []
+    for stage in stages:
+        if stage not in body:
+            raise UserError(f"no stage {stage!r} in dvc.yaml")
+        for kind in ("outs", "metrics", "plots"):
+            for out in body[stage].get(kind, []):
+                if isinstance(out, dict):
+                    (path, opts), = out.items()
+                    if (opts or {}).get("cache", True) is False:
+                        paths.append(path)
+    return paths
+
+
+def upstream_stages(root: Path, stages: list[str]) -> list[str]:
+    """Every stage of ``root``'s dvc.yaml that ``stages`` depend on, directly or not (dependencies first)."""
+    body = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    producer = {}
+    for name, stage in body.items():
+        for kind in ("outs", "metrics", "plots"):
+            for out in stage.get(kind, []):
+                producer[next(iter(out)) if isinstance(out, dict) else out] = name
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        for dep in body[name].get("deps", []):
+            up = producer.get(dep)
+            if up and up not in order:
+                visit(up)
+                order.append(up)
+
+    for name in stages:
+        visit(name)
+    return order
+
+
+def _rev(root: Path) -> str | None:
+    """The checkout's git revision; on a lent machine (no .git travels) GIT_REV, which run_gpu.sh sets."""
+    if os.environ.get("GIT_REV"):
+        return os.environ["GIT_REV"]
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def _add(tar: tarfile.TarFile, src: Path, arcname: str) -> None:
+    if not src.exists():
+        raise UserError(f"pack: {src} does not exist")
+    tar.add(src, arcname=arcname, recursive=True)
+
+
+def pack(out: Path, stages: list[str], compare: list[str], root: Path = Path("."), extra: list[str] = ()) -> list[Path]:
+    """Push ``stages``' cached outputs to a fresh local remote and pack it (see the module docstring);
+    returns the files written (``out`` or its parts)."""
+    root = root.resolve()
+    with tempfile.TemporaryDirectory(prefix="gpu_artifacts_") as tmp:
+        remote = Path(tmp) / "remote"
+        remote.mkdir()
+        _dvc(["remote", "add", "--local", "-f", REMOTE, str(remote)], root)
+        _dvc(["push", "-r", REMOTE, *stages], root)
+        uncached = uncached_outputs(root, stages)
+        manifest = {"git_rev": _rev(root), "stages": stages, "uncached": uncached, "compare": compare,
+                    "extra": list(extra), "packed": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        buf = out.with_name(out.name + ".tmp")
+        with tarfile.open(buf, "w:gz") as tar:
+            data = json.dumps(manifest, indent=1).encode()
+            info = tarfile.TarInfo(MANIFEST)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            _add(tar, remote, "remote")
+            for name in PIPELINE_FILES:
+                _add(tar, root / name, f"pipeline/{name}")
+            for path in [*uncached, *compare, *extra]:
+                _add(tar, root / path, f"files/{path}")
+    for old in out.parent.glob(out.name + ".part*"):
+        old.unlink()
+    if buf.stat().st_size <= PART_BYTES:
+        buf.replace(out)
+        return [out]
+    parts = []
+    with open(buf, "rb") as f:
+        while chunk := f.read(PART_BYTES):
+            parts.append(out.with_name(f"{out.name}.part{len(parts):02d}"))
+            parts[-1].write_bytes(chunk)
+    buf.unlink()
+    return parts
+
+
+def _read_pack(path: Path) -> bytes:
+    parts = sorted(path.parent.glob(path.name + ".part*")) if not path.exists() else [path]
+    if not parts:
+        raise UserError(f"unpack: no {path} (nor {path}.partNN)")
+    return b"".join(p.read_bytes() for p in parts)
+
+
+def _stages_to_run(dry_run_output: str) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", dry_run_output)
+
+
+def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
+    """Restore a pack into the DVC project ``root`` (see the module docstring); returns the manifest with
+    ``ran`` (the stages ``dvc repro`` ran) and ``compared`` (files checked byte-identical)."""
+    root = root.resolve()
+    dest = root / ".dvc" / "tmp" / "gpu_artifacts"  # git-ignored (.dvc/.gitignore: /tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(_read_pack(path)), mode="r:gz") as tar:
+        tar.extractall(dest, filter="data")
+    manifest = json.loads((dest / MANIFEST).read_text())
+    here = _rev(root)
+    if manifest.get("git_rev") and here and manifest["git_rev"] != here:
+        print(f"unpack: packed at {manifest['git_rev'][:12]}, this checkout is {here[:12]}: stages whose code "
+              "changed since will show as changed")
+    for name in PIPELINE_FILES:
+        shutil.copy2(dest / "pipeline" / name, root / name)
+    for rel in manifest["uncached"] + manifest.get("extra", []):
+        _copy(dest / "files" / rel, root / rel)
+    _dvc(["remote", "add", "--local", "-f", REMOTE, str(dest / "remote")], root)
+    _dvc(["pull", "-r", REMOTE, *manifest["stages"]], root)
+    manifest["ran"], manifest["compared"] = [], []
+    if repro:
+        # the data stages the GPU-made ones read (export, prepare: not packed, remade here from the raw data),
+        # then the GPU-made stages must be up to date: else `dvc repro` would train again, and is refused
+        upstream = [s for s in upstream_stages(root, manifest["stages"]) if s not in manifest["stages"]]
+        manifest["ran"] = _stages_to_run(_dvc(["repro", *upstream], root).stdout) if upstream else []
+        status = json.loads(_dvc(["status", "--json", *manifest["stages"]], root, capture=True).stdout or "{}")
+        if status:
+            raise UserError(f"unpack: dvc repro would rerun the GPU-made stage(s) {sorted(status)}: their deps differ "
+                            f"from the GPU run's ({json.dumps(status)[:500]}); no stage after {upstream} was run")
+        manifest["ran"] += _stages_to_run(_dvc(["repro", *repro], root).stdout)
+        differ = []
+        for rel in manifest["compare"]:
+            packed = dest / "files" / rel
+            for gpu_file in sorted(p for p in [packed, *packed.rglob("*")] if p.is_file()):
+                ours = root / gpu_file.relative_to(dest / "files")
+                if not ours.is_file() or ours.read_bytes() != gpu_file.read_bytes():
+                    differ.append(str(gpu_file.relative_to(dest / "files")))
+                else:
+                    manifest["compared"].append(str(gpu_file.relative_to(dest / "files")))
+        if differ:
+            raise UserError(f"unpack: regenerated file(s) differ from the GPU run's: {differ}")
+    return manifest
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="on the GPU machine: dvc push to a local remote, packed as one file")
+    p.add_argument("out", type=Path)
+    p.add_argument("--stages", nargs="+", required=True, help="stages whose outputs travel (dvc push targets)")
+    p.add_argument("--compare", nargs="*", default=[], help="files the CPU side must regenerate byte-identical")
+    p.add_argument("--extra", nargs="*", default=[], help="other files to carry and restore as they are")
+    u = sub.add_parser("unpack", help="on a CPU machine: restore, dvc pull, and dvc repro without training")
+    u.add_argument("pack", type=Path)
+    u.add_argument("--repro", nargs="*", default=[], help="dvc repro targets to regenerate from the pulled outputs")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "pack":
+            files = pack(args.out, args.stages, args.compare, extra=args.extra)
+            print(f"packed {', '.join(f'{f} ({f.stat().st_size / 2**20:.1f} MiB)' for f in files)}")
+        else:
+            m = unpack(args.pack, repro=args.repro)
+            print(f"unpacked {args.pack} (git {str(m.get('git_rev'))[:12]}, stages {m['stages']}); "
+                  f"dvc repro ran {m['ran'] or 'nothing'}; {len(m['compared'])} file(s) byte-identical to the GPU's")
+    except UserError as exc:
+        raise SystemExit(f"gpu_artifacts: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()
