@@ -1,4 +1,4 @@
-"""Build the git-ignored folder that a lent GPU machine gets through the device tool's `carry` (issue 31).
+"""Build the git-ignored folder that a lent GPU machine gets through the GPU machine's `carry` list.
 
     python scripts/gpu_carry.py [--with seg,lit] [--dest .gpu_carry] [--limit-mib 64]
 
@@ -146,7 +146,7 @@ def mib(path: Path) -> float:
 
 
 def checkout_mib() -> float:
-    """What the device tool sends besides `carry`: tracked + untracked-not-ignored files of this checkout."""
+    """What a GPU run receives besides `carry`: tracked + untracked-not-ignored files of this checkout."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
                            check=True, capture_output=True).stdout.decode().split("\0")
     return sum((REPO / f).stat().st_size for f in files if f and (REPO / f).is_file()) / 2**20

@@ -1,4 +1,4 @@
-"""Edit params.yaml key by key, YAML-aware, and fail loudly (issue 31: a `sed` once added keys that the profile
+"""Edit params.yaml key by key, YAML-aware, and fail loudly (a `sed` once added keys that the profile
 already had, and DVC refused the file with duplicate keys).
 
     python scripts/set_params.py [--file params.yaml] runtime.workers=14 runtime.compile=true

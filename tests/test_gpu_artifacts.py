@@ -1,4 +1,4 @@
-"""GPU-made artifacts, cached and pulled (issue 31, src/dpnrepro/gpu_artifacts.py), checked on the CPU: a
+"""GPU-made artifacts, cached and pulled (src/dpnrepro/gpu_artifacts.py), checked on the CPU: a
 "GPU" project (here: the CPU) runs `dvc repro table6` and packs its training and evaluation outputs as one file
 through `dvc push` to a local remote; a fresh checkout unpacks it, `dvc pull`s, and `dvc repro table6`
 regenerates the report byte-identical without training a step (prepare reruns from the raw data and gives

@@ -36,7 +36,7 @@ def test_trainer_loop_mfu_is_model_flops_over_the_peak():
         assert abs(row["img_per_s"] - row["batch_size"] / (row["ms_per_step"] / 1e3)) < 1e-6
 
 
-# --- benchmarks/measured/run_gpu.sh, dry run on the CPU (issue 31) ----------------------------------------------
+# --- benchmarks/measured/run_gpu.sh, dry run on the CPU ----------------------------------------------
 
 
 def _dry_run(root, out, *phases, **env):
@@ -62,7 +62,7 @@ def _packed_jobs(out):
 
 @pytest.mark.slow
 def test_dry_run_of_the_table1_call_trains_commits_packs_and_returns_one_results_file(tmp_path):
-    """The lead's one call, on the CPU: `tests` then `table1` (params made as `make profile` makes them with a
+    """The one GPU call, on the CPU: `tests` then `table1` (params made as `make profile` makes them with a
     YAML-aware edit, `dvc repro prepare`, the sweep's runs in parallel, `dvc commit`, evaluation, the DVC pack);
     every result in one file under $OUT, and the artifacts pack beside it."""
     import tarfile
@@ -71,7 +71,7 @@ def test_dry_run_of_the_table1_call_trains_commits_packs_and_returns_one_results
 
     root = copy_project(tmp_path / "gpu")
     out = tmp_path / "out"
-    proc = _dry_run(root, out, "env", "tests", "table1", TESTS_IN_BACKGROUND="1")  # as the lead's call runs it
+    proc = _dry_run(root, out, "env", "tests", "table1", TESTS_IN_BACKGROUND="1")  # as the GPU call runs it
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = _packed_jobs(out)
     assert {k: jobs.get(k) for k in ("tests", "table1_prepare", "table1_train", "table1_evaluate")} == dict.fromkeys(

@@ -238,7 +238,7 @@ def test_two_micro_batches_with_compile_and_cuda_graphs_give_the_eager_gradients
 
 @needs_cuda
 def test_the_trainer_accumulates_two_micro_batches_under_cuda_graphs(tmp_path):
-    """The trainer with runtime.accum_steps 2 + compile + cudagraphs (before issue 31 it marked a graph step per
+    """The trainer with runtime.accum_steps 2 + compile + cudagraphs (before the fix it marked a graph step per
     micro-batch and crashed at the second one): 4 optimizer steps (warm-up, recording, replays) move the
     weights as the eager trainer does, to bf16 rounding (momentum SGD: the update is linear in the gradient, so a
     lost micro-batch would show as a ~50 % difference)."""

@@ -54,7 +54,7 @@ job() {  # job NAME CAP_S COMMAND...: once (skipped when RES/NAME.json exists), 
   return "$rc"
 }
 
-pack_results() {  # the EXIT trap: every result in one file under $OUT (the device tool returns at most 8 files)
+pack_results() {  # the EXIT trap: every result in one file under $OUT (a GPU run returns at most 8 files)
   local dest=${OUT:-$(dirname "$RES")}
   mkdir -p "$dest" && tar -czf "$dest/gpu_results.tar.gz" -C "$(dirname "$RES")" "$(basename "$RES")" \
     && echo "######## results packed: $dest/gpu_results.tar.gz ($(du -h "$dest/gpu_results.tar.gz" | cut -f1))"
@@ -100,10 +100,18 @@ print(json.dumps(versions))
 PY
 }
 
+phase_fingerprint() {  # the CPU kernel fingerprint on this host's CPU (another model/vendor than the dev VMs), as a
+  # stage pins it and with the switches of before (MKL_CBWR=AVX2,STRICT, oneDNN convolutions), 2 threads each
+  lscpu > "$RES/lscpu.txt" 2>&1
+  DPNREPRO_CPU_THREADS=2 job fingerprint_pinned 150 $PY -m dpnrepro.kernel_fingerprint --json "$RES/fingerprint_pinned.json"
+  DPNREPRO_CPU_THREADS=2 DPNREPRO_CPU_KERNELS=native ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX2 \
+    job fingerprint_before 150 $PY -m dpnrepro.kernel_fingerprint --json "$RES/fingerprint_before.json"
+}
+
 phase_tests() {  # the CUDA tests (determinism included) and the compiled step's numerics
   local sel="cuda"  # the CUDA tests (determinism, compiled = eager, CUDA graphs with 2 micro-batches)
   [ "$DRY" = 1 ] && sel="kept_loss or begin_step"
-  job tests "${TESTS_CAP_S:-300}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py -k "$sel" \
+  job tests "${TESTS_CAP_S:-300}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py tests/test_gpu_input.py -k "$sel" \
     --junitxml "$RES/tests.xml"
   [ -f "$RES/tests.xml" ] && $PY - "$RES" <<'PY'
 import json, sys, xml.etree.ElementTree as ET

@@ -1,4 +1,4 @@
-"""GPU-made artifacts, cached and pulled (issue 31): a GPU run's DVC outputs packed as one file, regenerated
+"""GPU-made artifacts, cached and pulled: a GPU run's DVC outputs packed as one file, regenerated
 into reports on a CPU machine without training a step.
 
 On the GPU machine, at the end of a run (benchmarks/measured/run_gpu.sh, phase `pack`)::
@@ -8,7 +8,7 @@ On the GPU machine, at the end of a run (benchmarks/measured/run_gpu.sh, phase `
 ``dvc push`` of the cached outputs of ``--stages`` to a local remote, packed with the run's dvc.lock,
 dvc.yaml and params.yaml, the stages' uncached outputs (``cache: false``: metrics JSON) and the ``--compare``
 files (what the CPU side must regenerate byte for byte), plus a manifest (git revision, stages, files).
-A pack over 15 MiB is cut into ``.partNN`` files (the device tool returns files of at most 16 MiB).
+A pack over 15 MiB is cut into ``.partNN`` files (a GPU run returns files of at most 16 MiB).
 
 On a CPU machine, in a checkout of the same revision::
 
