@@ -53,7 +53,7 @@ def test_the_vendor_neutral_kernel_choices_are_in_force(pinned):
     assert seen["aten"] == "AVX2"
     assert seen["mkldnn_conv"] == "False"
     assert seen["numpy_dispatch"] == "X86_V3", "NumPy dispatches past AVX2: NPY_DISABLE_CPU_FEATURES not in force"
-    assert seen["openblas_coretype"] == "Haswell"
+    assert seen["openblas_core"] == "Haswell"
     assert seen["threads"] == "2"
 
 

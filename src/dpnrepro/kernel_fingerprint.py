@@ -191,6 +191,24 @@ def mkl_branch() -> str:
     return m.group(1) if m else "unknown (MKL_VERBOSE printed no CNR field)"
 
 
+def openblas_core() -> str:
+    """The kernel set NumPy's OpenBLAS runs, as OpenBLAS reports it (``*_get_corename``)."""
+    import ctypes
+
+    import numpy  # noqa: F401  (loads its OpenBLAS)
+
+    maps = Path("/proc/self/maps")
+    libs = {line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line.lower()} if maps.exists() else set()
+    for path in sorted(libs):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
+            if hasattr(lib, name):
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return "unknown (no OpenBLAS loaded)"
+
+
 def in_force() -> dict[str, str]:
     """What decides the bits in a stage's process: each library's kernel choice, read back from the library."""
     import cv2
@@ -207,7 +225,7 @@ def in_force() -> dict[str, str]:
         "mkldnn_conv": str(torch.backends.mkldnn.enabled),
         "numpy_dispatch": " ".join(t for t in __cpu_dispatch__ if __cpu_features__.get(t)),
         "numpy_blas": f"{blas.get('name', '?')} {blas.get('version', '')}".strip(),
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "unset"),
+        "openblas_core": openblas_core(),
         "opencv_dispatch": cv2.getCPUFeaturesLine(),
         "opencv_ipp": str(cv2.ipp.useIPP()),
         "threads": str(torch.get_num_threads()),
