@@ -91,14 +91,30 @@ def tensor_ops() -> dict[str, str]:
     logits = _normal(BATCH, 10, seed=11)
     out["cross_entropy"] = _sha(F.cross_entropy(logits, torch.arange(BATCH) % 10, label_smoothing=0.1))
     out["sum_mean_norm"] = _sha(x.sum(), x.mean(0), x.norm(), x.var(0))
+    g = _normal(*w.shape, seed=20)
+    clipped = torch.nn.Parameter(w.clone())
+    clipped.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_([clipped], 1.0)
+    out["clip_grad_norm"] = _sha(clipped.grad)
     p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.1)
     for i in range(3):
         p.grad = _normal(*w.shape, seed=20 + i)
-        torch.nn.utils.clip_grad_norm_([p], 1.0)
         opt.step()
-    out["adamw_clip"] = _sha(p)
+    out["adamw"] = _sha(p)
     return out
+
+
+def python_float_ops() -> dict[str, str]:
+    """Python's float math (the C library's libm): AdamW's bias corrections, the learning-rate schedules."""
+    import math
+
+    import numpy as np
+
+    xs = [i / 97 for i in range(1, 400)]
+    values = [0.9 ** i for i in range(1, 200)] + [(1 - 0.999 ** i) ** 0.5 for i in range(1, 200)]
+    values += [f(x) for x in xs for f in (math.exp, math.log, math.cos, math.sin, math.sqrt, math.tanh)]
+    return {"python_libm": _sha(np.asarray(values, np.float64))}
 
 
 def numpy_ops() -> dict[str, str]:
@@ -179,7 +195,7 @@ def fingerprint(onednn_convolutions: bool = False) -> dict[str, str]:
     if onednn_convolutions:
         torch.backends.mkldnn.enabled = True
         torch.backends.nnpack.set_flags(True)
-    return {**tensor_ops(), **numpy_ops(), **image_ops(), **training_run()}
+    return {**tensor_ops(), **python_float_ops(), **numpy_ops(), **image_ops(), **training_run()}
 
 
 def mkl_branch() -> str:
