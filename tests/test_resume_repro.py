@@ -135,7 +135,7 @@ def _repro_until_done(root, probe, attempts: int = 6) -> tuple[list[str], list[s
     for attempt in range(attempts):
         trace.write_text("")
         proc = subprocess.run(["dvc", "repro", *TARGETS], cwd=root, env=env, capture_output=True, text=True,
-                              start_new_session=True)  # its own process group, as a shell job
+                              start_new_session=True, timeout=600)  # its own process group, as a shell job
         logs.append(f"{proc.stdout}{proc.stderr}\n[attempt {attempt}: exit {proc.returncode}]\n")
         for line in trace.read_text().splitlines():
             run_path, step = json.loads(line)
@@ -158,7 +158,7 @@ def test_killed_repro_resumes_to_the_uninterrupted_outputs(upstream, tmp_path):
     logs, stages, trained = _repro_until_done(killed, tmp_path / "probe")
     print("\n".join(logs)[-3000:])
     assert sorted(stages) == sorted(TARGETS), "one kill per stage, then a complete run"
-    for stage, ((first, second), steps) in RUNS.items():
+    for (first, second), steps in RUNS.values():
         # every step trained once: the first run in one attempt (its rerun restores it from its complete
         # checkpoint), the second in two (killed after its first checkpoint, then resumed from it)
         assert [s for _, s in trained[first]] == steps and len({a for a, _ in trained[first]}) == 1, trained
