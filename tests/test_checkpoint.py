@@ -259,18 +259,31 @@ class _Killed(Exception):
     pass
 
 
-def _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool:
-    """Train 6 steps uninterrupted, and 3 steps + 'kill' right after the step-3 checkpoint + resume."""
+def _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop: float, live: bool = False) -> bool:
+    """Train 6 steps uninterrupted, and 3 steps + 'kill' right after the step-3 checkpoint + resume, then
+    restore the complete checkpoint once more (as `dvc repro` does after deleting the run directory).
+    ``live``: each attempt logs to its own dvclive directory ``tmp_path/live/<attempt>``."""
     # seed_everything() switches on deterministic algorithms and sets CUBLAS_WORKSPACE_CONFIG: undo after
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        return _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop)
+        return _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop, live)
     finally:
         torch.use_deterministic_algorithms(det, warn_only=warn_only)
 
 
-def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool:
+def _logged(tmp_path, attempt: str, live: bool):
+    """A dvclive ``Live`` for one attempt (a no-op context without ``live``), as stages/train.py opens it."""
+    import contextlib
+
+    if not live:
+        return contextlib.nullcontext()
+    from dvclive import Live
+
+    return Live(dir=str(tmp_path / "live" / attempt), save_dvc_exp=False, dvcyaml=None, report=None)
+
+
+def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float, live: bool) -> bool:
     from conftest import data_cfg
     from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.config.runtime import RuntimeParams
@@ -285,10 +298,14 @@ def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool
                              proj_drop_rate=drop, drop_path_rate=drop)
     inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True)
     cfg = TrainParams(lr=1e-3, batch_size=8, steps=6, warmup_steps=1, device="cpu")
-    runtime = RuntimeParams(ckpt_every=3, log_every=100)
-    ref = trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "a", runtime=runtime,
-                                   progress=False)
+    runtime = RuntimeParams(ckpt_every=3, log_every=2)
 
+    def attempt(name: str, ckpt: str):
+        with _logged(tmp_path, name, live) as logger:
+            return trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / ckpt, runtime=runtime,
+                                            progress=False, live=logger)
+
+    ref = attempt("reference", "a")
     real_save = trainer.save_checkpoint
 
     def save_then_die(*args, **kwargs):
@@ -297,14 +314,13 @@ def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float) -> bool
 
     monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
     with pytest.raises(_Killed):
-        trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "b", runtime=runtime,
-                                 progress=False)
+        attempt("killed", "b")
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     assert read_checkpoint_meta(tmp_path / "b")["step"] == 3
-    resumed = trainer.train_classifier(spec, ds, inp, cfg, seed=0, ckpt_dir=tmp_path / "b", runtime=runtime,
-                                       progress=False)
-    a, b = ref.state_dict(), resumed.state_dict()
-    return all(torch.equal(a[k], b[k]) for k in a)
+    resumed = attempt("resumed", "b")
+    assert read_checkpoint_meta(tmp_path / "b")["step"] == 6
+    restored = attempt("restored", "b")  # from the complete checkpoint: no step trained
+    return all(torch.equal(ref.state_dict()[k], m.state_dict()[k]) for m in (resumed, restored) for k in ref.state_dict())
 
 
 @pytest.mark.usefixtures("hf_cache_in_tmp")
@@ -315,3 +331,21 @@ def test_trainer_resume_bit_identical(tmp_path, monkeypatch, idx_dataset):
 @pytest.mark.usefixtures("hf_cache_in_tmp")
 def test_trainer_resume_bit_identical_with_dropout(tmp_path, monkeypatch, idx_dataset):
     assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.1)
+
+
+@pytest.mark.usefixtures("hf_cache_in_tmp")
+def test_trainer_resume_keeps_the_dvclive_history(tmp_path, monkeypatch, idx_dataset):
+    """Issue 30: a run resumed mid-training and a run restored from its complete checkpoint write the
+    uninterrupted run's dvclive directory byte for byte (every curve's TSV and metrics.json)."""
+    assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.0, live=True)
+
+    def files(attempt):
+        root = tmp_path / "live" / attempt
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    reference = files("reference")
+    assert {"metrics.json", "plots/metrics/train/loss.tsv", "plots/metrics/grad_norm/stem.tsv"} <= set(reference)
+    assert [r.split("\t")[0] for r in reference["plots/metrics/train/loss.tsv"].decode().splitlines()] == \
+        ["step", "2", "4", "6"]
+    for attempt in ("resumed", "restored"):
+        assert files(attempt) == reference, attempt

@@ -75,6 +75,18 @@ def _metrics(runs):
             "runs": {f"r{i}": {**r, "hardware": "cpu"} for i, r in enumerate(runs)}}
 
 
+def test_missing_logs_name_the_command_that_retrains_the_run(tmp_path):
+    """Issue 30: `dvc repro` alone would restore the same run from its checkpoint; the advice deletes the
+    run's resume state and forces the sweep's stage."""
+    from dpnrepro.errors import UserError
+
+    run = tmp_path / "runs" / "table1" / "Mu-7_conv_s0"
+    (run / "dvclive").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"`rm -rf checkpoints/table1/Mu-7_conv_s0 && dvc repro -f -s train-table1 "
+                                        r"&& dvc repro`"):
+        figures.read_grad_norms(run)
+
+
 def test_table6_gains_are_relative_to_dpn_and_paired_by_seed():
     runs = []
     for seed, offset in ((0, 0.0), (1, 10.0), (2, -10.0)):

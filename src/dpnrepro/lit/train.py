@@ -138,7 +138,7 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
     """
     from dpnrepro.data.loader import StepBatchSampler
     from dpnrepro.training import distributed
-    from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
+    from dpnrepro.training.checkpoint import Curves, load_checkpoint, read_checkpoint_meta, save_checkpoint
     from dpnrepro.training.optim import build_optimizer, schedule_multiplier
     from dpnrepro.training.trainer import KILL_AT_STEP_ENV
 
@@ -153,7 +153,8 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
     optimizer = build_optimizer(lit, cfg, fused=True, no_decay=TEXT_NO_DECAY)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule_multiplier(
         s, total=cfg.steps, warmup=cfg.warmup_steps, kind=cfg.schedule))
-    history = {"loss": [], "log": []}
+    curves = Curves(live)  # the dvclive curves, kept in every checkpoint (a resume logs them again)
+    history = {"loss": [], "log": curves.history}
     start = 0
     if ckpt_dir is not None:
         meta = distributed.broadcast_object(ctx, read_checkpoint_meta(ckpt_dir) if ctx.is_main else None)
@@ -161,13 +162,10 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
             if not ctx.is_main and (read_checkpoint_meta(ckpt_dir) or {}).get("step") != meta["step"]:
                 raise distributed.missing_checkpoint(ckpt_dir, ctx)
             load_checkpoint(ckpt_dir, model=TextState(lit), optimizer=optimizer, scheduler=scheduler)
-            start, history = meta["step"], meta["extra"]["history"]
+            start, history["loss"] = meta["step"], meta["extra"]["history"]["loss"]
+            curves.replay(meta["extra"]["history"]["log"])  # the curves up to the resumed step
             if ctx.is_main:
                 print(f"resuming {desc} from {ckpt_dir} at step {start}/{cfg.steps}")
-    if live is not None:  # the curve up to the resumed step, as the killed run logged it
-        for step, loss, lr, t in history["log"]:
-            live.step = step
-            _log(live, loss, lr, t)
     # this rank's contiguous shard of each global batch (the sampler reads only those positions)
     sampler = StepBatchSampler(len(tokens), cfg.batch_size, seed=seed, start_step=0, total_steps=cfg.steps,
                                rank=ctx.rank, world_size=ctx.world_size)
@@ -196,11 +194,8 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
             history["loss"] += torch.stack(losses).tolist()
             losses = []
         if log_now:
-            entry = [done, history["loss"][-1], lr, float(lit.temperature.detach())]
-            history["log"].append(entry)
-            if live is not None:
-                live.step = done
-                _log(live, *entry[1:])
+            curves.log(done, {"train/loss": history["loss"][-1], "train/lr": lr,
+                              "train/temperature": float(lit.temperature.detach())})
         if ckpt_now:
             if ctx.is_main:
                 save_checkpoint(ckpt_dir, model=TextState(lit), optimizer=optimizer, scheduler=scheduler, step=done,
@@ -210,12 +205,6 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
                 os.kill(os.getpid(), signal.SIGKILL)
     history["loss"] += torch.stack(losses).tolist() if losses else []
     return summarize(history["loss"], lit, desc)
-
-
-def _log(live, loss: float, lr: float, temperature: float) -> None:
-    live.log_metric("train/loss", loss)
-    live.log_metric("train/lr", lr)
-    live.log_metric("train/temperature", temperature)
 
 
 def summarize(losses: list[float], lit: LiT, desc: str) -> dict:

@@ -35,8 +35,10 @@ GRAD_DIR = Path("dvclive/plots/metrics/grad_norm")
 def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
     """{layer: {step: norm}} from a run's dvclive logs (layers: ``stem``, ``block_00``, ...)."""
     folder = Path(run_path) / GRAD_DIR
-    if not folder.is_dir():
-        raise UserError(f"{folder} is missing: the run has no gradient-norm logs (retrain it with `dvc repro`)")
+    if not folder.is_dir():  # a run directory written without its curves (before restores kept them)
+        sweep, run = Path(run_path).parts[-2:]
+        raise UserError(f"{folder} is missing: the run has no gradient-norm logs. Retrain it without its resume "
+                        f"state: `rm -rf checkpoints/{sweep}/{run} && dvc repro -f -s train-{sweep} && dvc repro`")
     out = {}
     for tsv in sorted(folder.glob("*.tsv")):
         rows = list(csv.DictReader(io.StringIO(tsv.read_text()), delimiter="\t"))

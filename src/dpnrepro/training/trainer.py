@@ -21,7 +21,7 @@ from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, train_batches
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed
-from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
+from dpnrepro.training.checkpoint import Curves, load_checkpoint, read_checkpoint_meta, save_checkpoint
 from dpnrepro.training.losses import LOSSES, mixup, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler
 from dpnrepro.training.step import LossStep, reseed, unit_range
@@ -86,7 +86,8 @@ def train_classifier(spec: ModelSpec, train_ds, input_cfg, train_cfg, *, seed: i
 
     A checkpoint is written every ``runtime.ckpt_every`` steps and at the end; if ``ckpt_dir`` holds one
     with the same fingerprint (model, data, input, train config, seed, code), training continues from it and
-    ends with bit-identical weights on CPU. ``init`` (optional) is called with the freshly built model
+    ends with bit-identical weights on CPU; ``live`` first gets the curves logged up to the checkpoint
+    again (:class:`Curves`), so its dvclive files are those of an uninterrupted run. ``init`` (optional) is called with the freshly built model
     before training (e.g. fine-tuning from a pretrained run); its ``repr`` joins the fingerprint.
     ``on_step`` (optional, benchmarks) is called with the step number after each optimizer step.
 
@@ -126,6 +127,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         fp_parts.append(repr(init))
     fp = fingerprint(*fp_parts)
     start = 0
+    curves = Curves(live)  # what `live` gets, kept in every checkpoint (a resume logs it again)
     meta = distributed.broadcast_object(ctx, read_checkpoint_meta(ckpt_dir) if ctx.is_main else None)
     if meta is not None and meta.get("fingerprint") == fp:
         if not ctx.is_main and (read_checkpoint_meta(ckpt_dir) or {}).get("step") != meta["step"]:
@@ -133,6 +135,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         model_obj, optim_obj = par.resume_objects(optimizer)
         load_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler)
         start = meta["step"]
+        curves.replay(meta["extra"]["curves"])
         if ctx.is_main:
             print(f"resuming from {ckpt_dir} at step {start}/{train_cfg.steps}")
     elif meta is not None and ctx.is_main:
@@ -208,18 +211,13 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
             gnorm_value = float(distributed.local_tensor(gnorm))
             if ctx.is_main:
                 bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
-                if live is not None:
-                    live.step = step
-                    live.log_metric("train/loss", loss_value)
-                    live.log_metric("train/lr", lr)
-                    live.log_metric("train/grad_norm", gnorm_value)
-                    for name, v in layer_norms.items():
-                        live.log_metric(f"grad_norm/{name}", v)
+                curves.log(step, {"train/loss": loss_value, "train/lr": lr, "train/grad_norm": gnorm_value,
+                                  **{f"grad_norm/{name}": v for name, v in layer_norms.items()}})
         if ckpt_now:
             model_obj, optim_obj = par.checkpoint_objects(optimizer)  # a collective under FSDP2
             if ctx.is_main:
                 save_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler, step=step,
-                                fingerprint=fp)
+                                fingerprint=fp, extra={"curves": curves.history})
             distributed.barrier(ctx)
             if step == kill_at and ctx.is_main:
                 os.kill(os.getpid(), signal.SIGKILL)
