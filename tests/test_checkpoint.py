@@ -335,7 +335,7 @@ def test_trainer_resume_bit_identical_with_dropout(tmp_path, monkeypatch, idx_da
 
 @pytest.mark.usefixtures("hf_cache_in_tmp")
 def test_trainer_resume_keeps_the_dvclive_history(tmp_path, monkeypatch, idx_dataset):
-    """Issue 30: a run resumed mid-training and a run restored from its complete checkpoint write the
+    """A run resumed mid-training and a run restored from its complete checkpoint write the
     uninterrupted run's dvclive directory byte for byte (every curve's TSV and metrics.json)."""
     assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.0, live=True)
 

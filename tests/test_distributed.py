@@ -171,7 +171,7 @@ def test_fsdp_two_processes_resume_and_match_one_process(project):
     out = project.train(procs=2, parallel="fsdp", accum_steps=2)
     assert f"resuming from {CKPT} at step 8/12" in out.stdout
     assert _rel(_vector(one), _vector(project.root / RUN)) < TOL
-    # the rerun logs the killed attempt's curve up to step 8 again (issue 30), then steps 10 and 12
+    # the rerun logs the killed attempt's curve up to step 8 again, then steps 10 and 12
     ref, resumed = dict(_losses(one)), dict(_losses(project.root / RUN))
     assert sorted(resumed) == sorted(ref) == [2, 4, 6, 8, 10, 12]
     assert all(abs(ref[s] - v) <= TOL * abs(ref[s]) for s, v in resumed.items()), (ref, resumed)

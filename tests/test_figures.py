@@ -76,7 +76,7 @@ def _metrics(runs):
 
 
 def test_missing_logs_name_the_command_that_retrains_the_run(tmp_path):
-    """Issue 30: `dvc repro` alone would restore the same run from its checkpoint; the advice deletes the
+    """`dvc repro` alone would restore the same run from its checkpoint; the advice deletes the
     run's resume state and forces the sweep's stage."""
     from dpnrepro.errors import UserError
 

@@ -1,4 +1,4 @@
-"""Issue 30: a killed `dvc repro` resumes to the same outputs, as a user meets it.
+"""A killed `dvc repro` resumes to the same outputs, as a user meets it.
 
 One scratch project reproduces a small Table 1 sweep, LiT on a JFT-style tower and two segmentation runs
 (`dvc repro train-table1 lit_train segment`) uninterrupted. A copy runs the same command again and again
