@@ -114,3 +114,22 @@ def plots_errors(root: Path, *revs: str) -> list:
     shown = json.loads(run(cmd, root).stdout)
     names = [next(iter(entry)) for entry in yaml.safe_load((root / "dvc.yaml").read_text()).get("plots", [])]
     return [*(shown.get("errors") or []), *(f"{n}: nothing rendered" for n in names if not shown["data"].get(n))]
+
+
+def tiny_mu7_training(stem: str = "dpn", dropout: float = 0.0):
+    """``(ds, spec)`` for a few-step trainer test: 64 uint8 28x28 images with labels (a fixed NumPy draw)
+    and a Mu/7 spec with the smoke model's settings (``dropout`` for its three dropout rates)."""
+    import datasets
+    import numpy as np
+
+    from dpnrepro.training.trainer import ModelSpec
+
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict(
+        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
+    )
+    spec = ModelSpec(arch="Mu/7", stem=stem, placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
+                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=dropout, proj_drop_rate=dropout,
+                     drop_path_rate=dropout)
+    return ds, spec

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, tiny_mu7_training
 
 from dpnrepro.training import determinism
 
@@ -83,20 +83,10 @@ def test_every_documented_cuda_kernel_says_how_it_is_handled_and_where_that_is_d
 def test_deterministic_cuda_trainings_are_bit_identical(stem, tmp_path, restore_torch_flags):
     """Two short bf16 trainings on the GPU with train.deterministic: the same weights, bit for bit
     (attention backward, conv stem, dropout and stochastic depth, mixup, Adam, clipping all exercised)."""
-    import datasets
-    import numpy as np
-
     from dpnrepro.config.core import InputParams, TrainParams
-    from dpnrepro.training.trainer import ModelSpec, train_classifier
+    from dpnrepro.training.trainer import train_classifier
 
-    rng = np.random.default_rng(0)
-    ds = datasets.Dataset.from_dict(
-        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
-        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
-    )
-    spec = ModelSpec(arch="Mu/7", stem=stem, placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.1, proj_drop_rate=0.1,
-                     drop_path_rate=0.1)
+    ds, spec = tiny_mu7_training(stem, dropout=0.1)
     inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True, mixup=0.5)
     cfg = TrainParams(lr=1e-3, batch_size=16, steps=6, warmup_steps=1, grad_clip=1.0, device="cuda",
                       deterministic=True)

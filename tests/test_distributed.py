@@ -25,7 +25,7 @@ import yaml
 from safetensors.torch import load_file
 
 from dpnrepro.config.runtime import RuntimeParams
-from helpers import FMNIST, REPO, copy_project, git_init, run, stage_env, tiny_params, write_params
+from helpers import FMNIST, REPO, copy_project, git_init, run, stage_env, tiny_mu7_training, tiny_params, write_params
 
 TRAIN = ["stages/train.py", "--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2"]
@@ -303,22 +303,11 @@ def test_devices_disagreeing_with_world_size_is_an_error(project):
 
 @pytest.fixture()
 def tiny(tmp_path, monkeypatch):
-    import datasets
-    import numpy as np
-
     from dpnrepro.config.core import InputParams, TrainParams
-    from dpnrepro.training.trainer import ModelSpec
 
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     det, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    rng = np.random.default_rng(0)
-    ds = datasets.Dataset.from_dict(
-        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
-        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
-    )
-    spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
-                     drop_path_rate=0.0)
+    ds, spec = tiny_mu7_training()
     inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=True)
     cfg = TrainParams(lr=1e-3, batch_size=16, steps=4, warmup_steps=1, grad_clip=1.0, device="cpu")
     yield ds, spec, inp, cfg

@@ -242,20 +242,13 @@ def test_the_trainer_accumulates_two_micro_batches_under_cuda_graphs(tmp_path):
     micro-batch and crashed at the second one): 4 optimizer steps (warm-up, recording, replays) move the
     weights as the eager trainer does, to bf16 rounding (momentum SGD: the update is linear in the gradient, so a
     lost micro-batch would show as a ~50 % difference)."""
-    import datasets
+    from helpers import tiny_mu7_training
 
     from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.config.runtime import RuntimeParams
-    from dpnrepro.training.trainer import ModelSpec, seed_everything, train_classifier
+    from dpnrepro.training.trainer import seed_everything, train_classifier
 
-    rng = np.random.default_rng(0)
-    ds = datasets.Dataset.from_dict(
-        {"image": list(rng.integers(0, 255, (64, 28, 28), dtype=np.uint8)), "label": list(rng.integers(0, 10, 64))},
-        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}),
-    )
-    spec = ModelSpec(arch="Mu/7", stem="dpn", placement="pre-pre", num_classes=10, img_size=28, in_chans=1,
-                     pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0, proj_drop_rate=0.0,
-                     drop_path_rate=0.0)
+    ds, spec = tiny_mu7_training()
     seed_everything(0)  # the trainer's own seeding before it builds the model: its initial weights
     inp = InputParams(image_size=28, channels=1, eval_resize=28, inception_crop=False, flip=False)
     cfg = TrainParams(optimizer="sgd_momentum", lr=0.01, weight_decay=0.0, batch_size=16, steps=4, warmup_steps=0,
