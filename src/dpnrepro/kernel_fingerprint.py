@@ -302,17 +302,58 @@ def _switch_sweep() -> dict:
     return report
 
 
+_COST_PROBE = """
+import json, time, torch, torch.nn.functional as F
+import dpnrepro.kernel_fingerprint as k
+k.pin_threads()
+t = time.perf_counter(); k.training_run(); train = time.perf_counter() - t
+x = torch.randn(8, 256, 32, 32, requires_grad=True); w = torch.randn(256, 256, 3, 3, requires_grad=True)
+t = time.perf_counter()
+for _ in range(3):
+    F.conv2d(x, w, padding=1).sum().backward()
+conv = (time.perf_counter() - t) / 3
+a, b = torch.randn(1088, 64), torch.randn(64, 256)
+t = time.perf_counter()
+for _ in range(200):
+    a @ b
+gemm = (time.perf_counter() - t) / 200
+print(json.dumps({"train_2x20_steps_s": train, "conv3x3_256ch_fwd_bwd_s": conv, "gemm_1088x64x256_s": gemm}))
+"""
+
+
+def _cost(rounds: int = 5) -> dict:
+    """Seconds of a 2 x 20-step Mu/7 training, a 3x3 256-channel convolution (segmentation's heads) and a
+    smoke-size GEMM, pinned vs ``DPNREPRO_CPU_KERNELS=native``, in fresh processes, rounds interleaved:
+    the median of each and the ratio."""
+    import statistics
+
+    env = {k: v for k, v in os.environ.items() if k not in INSTRUCTION_SET_ENV and k != KERNELS_ENV}
+    runs: dict[str, list[dict]] = {"pinned": [], "native": []}
+    for _ in range(rounds):
+        for mode in runs:
+            extra = {KERNELS_ENV: "native"} if mode == "native" else {}
+            out = subprocess.run([sys.executable, "-c", _COST_PROBE], env={**env, **extra}, capture_output=True,
+                                 text=True, check=True)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
+    return {**med, "pinned_over_native": {k: med["pinned"][k] / med["native"][k] for k in med["pinned"]},
+            "rounds": rounds}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the committed fingerprint; exit 1 on a difference")
     ap.add_argument("--write", action="store_true", help="record this machine's fingerprint as the committed one")
     ap.add_argument("--switches", action="store_true", help="which ops each switch changes on this CPU")
+    ap.add_argument("--cost", type=int, metavar="ROUNDS", help="time the pinned kernels against native ones")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
     result = {"machine": machine(), "versions": versions(), "in_force": in_force(), "summary": describe(),
               "hashes": fingerprint()}
     if args.switches:
         result["switch_effects"] = _switch_sweep()
+    if args.cost:
+        result["cost"] = _cost(args.cost)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

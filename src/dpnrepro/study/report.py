@@ -179,8 +179,8 @@ def render_markdown(cells: list[dict], summary: dict, probe: dict | None = None)
         f"- Recipe: {train['optimizer']} lr {train['lr']} (warm-up + {train['schedule']}), weight decay "
         f"{train['weight_decay']}, batch {train['batch_size']}, {train['loss']}, clip {train['grad_clip']}; "
         "flip on Fashion-MNIST only; no other augmentation.",
-        f"- Hardware: {hardware}. Runs are bit-reproducible in the project's environment on x86-64 CPUs with "
-        "AVX2 (docs/determinism.md#cpu-switches).",
+        f"- Hardware: {hardware}. Runs are bit-reproducible on any x86-64 CPU with AVX2 "
+        "(docs/determinism.md).",
         "- Statistics: mean ± 95 % t-interval over seeds; DPN − conv paired by seed; two-sided paired t-test; "
         "verdict better / worse when the 95 % CI of the difference excludes 0, else not resolved.",
         "",
