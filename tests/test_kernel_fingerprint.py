@@ -8,14 +8,12 @@ end-to-end hash comparison of tests/test_pipeline.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from helpers import REPO, stage_env
+from helpers import stage_env
 
 from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV
-from dpnrepro.kernel_fingerprint import COMMITTED, diff
+from dpnrepro.kernel_fingerprint import COMMITTED, diff, in_fresh_process
 
 PROBE = ("import json, dpnrepro.kernel_fingerprint as k; "
          "print(json.dumps({'in_force': k.in_force(), 'hashes': k.fingerprint(), 'versions': k.versions()}))")
@@ -24,9 +22,7 @@ PROBE = ("import json, dpnrepro.kernel_fingerprint as k; "
 def _fresh_process(**env) -> dict:
     """The fingerprint in a new process started as a stage is (the project's pins, its 2 threads)."""
     base = {k: v for k, v in stage_env(no_thread_pin=True).items() if k not in INSTRUCTION_SET_ENV and k != KERNELS_ENV}
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env={**base, **env}, capture_output=True, text=True,
-                         check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return in_fresh_process(PROBE, {**base, **env})
 
 
 @pytest.fixture(scope="module")

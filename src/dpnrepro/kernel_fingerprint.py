@@ -183,7 +183,7 @@ def training_run(steps: int = 20) -> dict[str, str]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-        out[f"train_20_steps_{stem}"] = _sha(*model.state_dict().values())
+        out[f"train_{steps}_steps_{stem}"] = _sha(*model.state_dict().values())
     return out
 
 
@@ -265,6 +265,12 @@ def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "numpy": np.__version__, "opencv": cv2.__version__, "pillow": PIL.__version__}
 
 
+def in_fresh_process(code: str, env: dict, *args: str) -> dict:
+    """Run ``code`` in a new interpreter with exactly ``env``; the JSON of its last output line."""
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def diff(found: dict[str, str], committed: dict[str, str]) -> list[str]:
     """The ops whose hashes differ (or are missing on either side)."""
     return sorted(k for k in set(found) | set(committed) if found.get(k) != committed.get(k))
@@ -289,8 +295,7 @@ def _switch_sweep() -> dict:
             "print(json.dumps(k.fingerprint(onednn_convolutions=sys.argv[1] == '1')))")
 
     def run(env, onednn="0"):
-        out = subprocess.run([sys.executable, "-c", code, onednn], env=env, capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return in_fresh_process(code, env, onednn)
 
     base = run(pinned)
     report = {"convolutions on oneDNN/NNPACK": diff(run(pinned, "1"), base)}
@@ -332,9 +337,7 @@ def _cost(rounds: int = 5) -> dict:
     for _ in range(rounds):
         for mode in runs:
             extra = {KERNELS_ENV: "native"} if mode == "native" else {}
-            out = subprocess.run([sys.executable, "-c", _COST_PROBE], env={**env, **extra}, capture_output=True,
-                                 text=True, check=True)
-            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[mode].append(in_fresh_process(_COST_PROBE, {**env, **extra}))
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
     return {**med, "pinned_over_native": {k: med["pinned"][k] / med["native"][k] for k in med["pinned"]},
             "rounds": rounds}
