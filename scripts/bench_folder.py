@@ -27,9 +27,6 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100, help="images per input path per round")
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds (>= 6 for a 95 %% CI)")
     ap.add_argument("--tmp", default=None, help="where the folder is written (default: the system temp dir)")
-    ap.add_argument("--gpu-decode", action="store_true",
-                    help="also time the trainer's batches end to end from the folder on a CUDA device for every "
-                         "input.backend, gpu (nvJPEG decode + augmentation on the device, data/gpu.py) included")
     ap.add_argument("--skip-prepare", action="store_true", help="leave out the prepare benchmark")
     ap.add_argument("--out-json", default="benchmarks/measured/input_folder.json")
     ap.add_argument("--out-md", default="reports/input_folder.md")
@@ -38,7 +35,7 @@ def main() -> None:
         raise ParamsError("--train, --workers, --n and --rounds must be >= 1, --val >= 0")
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from dpnrepro.benchmarks.folder import gpu_path, input_paths, prepare_costs, render_markdown
+    from dpnrepro.benchmarks.folder import input_paths, prepare_costs, render_markdown
     from dpnrepro.benchmarks.photo_folder import write_photo_folder
     from dpnrepro.cli import hardware_label
 
@@ -49,8 +46,6 @@ def main() -> None:
         res["folder"] = write_photo_folder(f"{tmp}/photos", args.train, args.val, workers=args.workers)
         res["folder"]["wall_s"] = time.perf_counter() - t0
         res["input"] = input_paths(f"{tmp}/photos", n=args.n, rounds=args.rounds)
-        if args.gpu_decode:
-            res["gpu"] = gpu_path(f"{tmp}/photos", max(1, args.workers - 2))
         res["prepare"] = {} if args.skip_prepare else prepare_costs(f"{tmp}/photos", args.workers)
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
     write_json_atomic(args.out_json, res)

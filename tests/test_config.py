@@ -80,6 +80,13 @@ def test_wrong_type(tmp_path):
     assert "unknown key" not in msg
 
 
+def test_input_backend_is_pil_or_fast(tmp_path):
+    raw = _raw()
+    raw["input"]["backend"] = "gpu"
+    msg = _error(tmp_path, raw)
+    assert msg.endswith("input.backend: Input should be 'pil' or 'fast'"), msg
+
+
 def test_negative_lr(tmp_path):
     raw = _raw()
     raw["train"]["lr"] = -0.001

@@ -1,10 +1,7 @@
 #!/bin/bash
 # The GPU speed measurement in one run on an H100 machine (about 9 minutes): side by side on one card,
-#   - the CUDA tests of the batched gpu input path (no host sync, CUDA == CPU on the same decoded pixels);
-#   - B/16 DPN trainer loop (full profile, table1 recipe, compiled, batch 256, real JPEGs) with
-#     input.backend gpu, then pil;
+#   - B/16 DPN trainer loop (full profile, table1 recipe, compiled, batch 256, real JPEGs, pil);
 #   - Ti/16 DPN trainer loop (compiled + CUDA graphs, pil) and its step alone (same process);
-#   - the gpu input path alone: device half (whole / decode / augmentation) and CUDA-vs-CPU pixels per stage;
 #   - B/16's step alone under each lever (dpnrepro.benchmarks.step_levers: baseline with a kernel-time
 #     profile by op group, cuDNN / flash attention, compiled clipping + optimizer, channels_last, batch 512,
 #     the baseline again, max-autotune), one after another in the time left.
@@ -70,23 +67,11 @@ loop() {  # loop NAME MAX_S BACKEND ARGS...: the trainer's own loop (dpnrepro.be
   fi
 }
 
-phase_tests() {
-  [ "$DRY" = 1 ] && return
-  job tests_cuda 90 $PY -m pytest -q -p no:cacheprovider tests/test_gpu_input.py -k "cuda_" --junitxml "$RES/tests_cuda.xml"
-}
-
 phase_loops() {
   local b16="--arch B-16 --batch-size 256 --steps 15 --warmup 6 --compile --synthetic-rounds 0"
-  loop loop_b16_gpu 120 gpu $b16
   loop loop_b16_pil 100 pil $b16
   loop loop_ti16_pil 100 pil --arch Ti-16 --batch-size 256 --steps 30 --warmup 10 --compile --cudagraphs \
     --synthetic-rounds 6
-}
-
-phase_input() {
-  local dev=cuda; [ "$DRY" = 1 ] && dev=cpu
-  job input_gpu 90 $PY -m dpnrepro.benchmarks.gpu_input --device $dev --rounds 5 --skip-cpu --skip-end-to-end \
-    --out "$RES/input_gpu.json" --out-md "$RES/input_gpu.md"
 }
 
 phase_levers() {
@@ -96,7 +81,7 @@ phase_levers() {
     --out-dir "$RES/levers"
 }
 
-phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests loops input levers)
+phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env loops levers)
 for p in "${phases[@]}"; do
   echo "######## phase $p (+$(( $(date +%s) - T0 ))s)"
   "phase_$p"

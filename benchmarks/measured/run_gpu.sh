@@ -111,7 +111,7 @@ phase_fingerprint() {  # the CPU kernel fingerprint on this host's CPU (another 
 phase_tests() {  # the CUDA tests (determinism included) and the compiled step's numerics
   local sel="cuda"  # the CUDA tests (determinism, compiled = eager, CUDA graphs with 2 micro-batches)
   [ "$DRY" = 1 ] && sel="kept_loss or begin_step"
-  job tests "${TESTS_CAP_S:-300}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py tests/test_gpu_input.py -k "$sel" \
+  job tests "${TESTS_CAP_S:-300}" $PY -m pytest -q -p no:cacheprovider tests/test_determinism.py tests/test_step.py -k "$sel" \
     --junitxml "$RES/tests.xml"
   [ -f "$RES/tests.xml" ] && $PY - "$RES" <<'PY'
 import json, sys, xml.etree.ElementTree as ET
@@ -157,23 +157,15 @@ phase_loop() {  # the trainer's own loop on real JPEGs (full profile's table1 re
   lp loop_b16_compiled_fast --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend fast
 }
 
-phase_input() {  # input.backend gpu (data/gpu.py) against pil / fast: img/s and CPU cores for B/16's 3,300 img/s
+phase_input() {  # input.backend pil against fast under B/16 (full profile recipe), and a real-photo JPEG folder on disk
+  [ "$DRY" = 1 ] && return
   local w=$(( CPUS > 2 ? CPUS - 2 : 1 ))
-  if [ "$DRY" = 1 ]; then
-    job input_dry 120 $PY -m dpnrepro.benchmarks.gpu_input --device cpu --rounds 2 --skip-end-to-end --out "$RES/input_dry.json"
-    return
-  fi
-  # the pipeline alone (worker half per core, device half, the trainer's batches end to end, CUDA vs CPU pixels)
-  job input_gpu 300 $PY -m dpnrepro.benchmarks.gpu_input --device cuda --workers $w --out "$RES/input_gpu.json" \
-    --out-md "$RES/input_gpu.md"
-  # the trainer's loop with B/16 on top, full profile recipe (big_vision crop, RandAugment m15, mixup), per backend
   lp() { local name=$1; shift; job "$name" 300 $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
-  lp loop_b16_compiled_gpuinput --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend gpu
   lp loop_b16_compiled_pil --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend pil
   lp loop_b16_compiled_fast --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend fast
-  # the same from a real-photo JPEG folder on disk (needs foolbox's wheel in .whl/, see photo_folder.py)
+  # the CPU input paths from a real-photo JPEG folder on disk (needs foolbox's wheel in .whl/, see photo_folder.py)
   if $PY -c "import foolbox" 2>/dev/null || ls .whl/foolbox-*.whl >/dev/null 2>&1; then
-    job input_folder 300 $PY scripts/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 --gpu-decode \
+    job input_folder 300 $PY scripts/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 \
       --skip-prepare --tmp /tmp --out-json "$RES/input_folder.json" --out-md "$RES/input_folder.md"
   fi
 }

@@ -212,17 +212,6 @@ def render_markdown(res: dict) -> str:
                      f"{p['wall_img_per_s']:.0f} | {p['cores_for_b16']:.1f} |")
     if prep:
         lines += _prepare_lines(fol, prep)
-    gpu = res.get("gpu")
-    if gpu is not None:
-        lines += ["## `input.backend: gpu` on a GPU, files read from the folder", ""]
-        if "note" in gpu:
-            lines += [f"`--gpu-decode`: {gpu['note']}.", ""]
-        else:
-            from dpnrepro.benchmarks.gpu_input import render_markdown as gpu_markdown
-
-            lines.append(f"{gpu['device']}, {gpu['cpus']} CPUs; `input.backend: gpu`: the loader workers read and "
-                         "draw, the GPU decodes (nvJPEG) and augments (`data/gpu.py`).")
-            lines += gpu_markdown({"command": res["command"], **gpu}).split("\n")[3:]
     return "\n".join(lines)
 
 
@@ -256,21 +245,3 @@ def _prepare_lines(fol: dict, prep: dict) -> list[str]:
         + ("agree" if len(same) == 2 else "differ (the two list the folder's files in different orders)") + ".",
         "",
     ]
-
-
-def gpu_path(folder: str | os.PathLike, workers: int) -> dict:
-    """The trainer's batches end to end from the folder's files (:func:`dpnrepro.benchmarks.gpu_input.end_to_end`)
-    for ``pil``, ``fast`` and ``gpu`` on CUDA, the device half alone, and CUDA-vs-CPU agreement; without a GPU,
-    a note."""
-    import torch
-
-    from dpnrepro.benchmarks import gpu_input
-
-    if not torch.cuda.is_available():
-        return {"note": "no CUDA device: not measured"}
-    with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
-        ds = _split(Path(folder), Path(tmp))
-        e2e = [gpu_input.end_to_end(b, "cuda", workers, ds=ds) for b in gpu_input.BACKENDS]
-    return {"device": torch.cuda.get_device_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "end_to_end": e2e, "device_half": gpu_input.device_rate("cuda"),
-            "agreement": gpu_input.agreement()}

@@ -267,13 +267,5 @@ def render_markdown(res: dict) -> str:
         "included), the cores each needs for B/16's rate, and `prepare` of the folder per `data.storage`: "
         "[input_folder.md](input_folder.md) (`scripts/bench_folder.py`).",
         "",
-        "## Waiting for a GPU: `input.backend: gpu`",
-        "",
-        "The GPU path (`data/gpu.py`: workers read bytes and draw the parameters; nvJPEG decode, crop, flip and "
-        "RandAugment on the device) is tested against these CPU paths on the CPU; its images/s on one H100, end "
-        "to end, and the CPU cores each path needs for B/16's 3,300 img/s are measured by "
-        "`bash benchmarks/measured/run_gpu.sh env input` on a GPU machine, not yet run (the exact command: "
-        "`benchmarks/measured/README.md`).",
-        "",
     ]
     return "\n".join(lines)

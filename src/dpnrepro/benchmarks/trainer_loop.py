@@ -90,7 +90,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--cudagraphs", action="store_true")
-    ap.add_argument("--backend", choices=["pil", "fast", "gpu"], help="input backend (default: the profile's)")
+    ap.add_argument("--backend", choices=["pil", "fast"], help="input backend (default: the profile's)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--synthetic-rounds", type=int, default=8, help="rounds of the fixed-batch step (0: skip)")
     ap.add_argument("--out", required=True)

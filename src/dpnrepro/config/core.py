@@ -99,7 +99,7 @@ class InputParams(_Section):
     mix_switch_prob: float = Field(0.5, ge=0, le=1, description="with mixup and cutmix both on: P(cutmix) per batch")
     random_erasing: float = Field(0.0, ge=0, le=1, description="random-erasing probability (DeiT); 0 = off")
     repeated_aug: int = Field(1, ge=1, description="repeated augmentation: copies of each image per batch (DeiT: 3)")
-    backend: Literal["pil", "fast", "gpu"] = Field("pil", description="train-time augmentation pipeline (data/loader.py)")
+    backend: Literal["pil", "fast"] = Field("pil", description="train-time augmentation pipeline (data/loader.py)")
 
     @model_validator(mode="after")
     def _crop_fits(self):

@@ -26,9 +26,7 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
     ``input.backend: pil`` (default): torchvision v2 ops on a PIL image. ``fast`` (train only):
     :class:`dpnrepro.data.fast.FastTrainTransform` — same samplers, same RNG draws, same ops, computed
-    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts). ``gpu``:
-    the trainer augments on the device (:func:`train_batches`); a per-image transform is its CPU
-    reference, the ``fast`` one.
+    in uint8 (see ``data/fast.py``); it also accepts undecoded images (bytes / ``datasets`` dicts).
     RandAugment's op choice comes from Python's ``random`` in both (timm draws it from NumPy's global
     RNG, which the per-example seeding does not cover).
     """
@@ -46,7 +44,7 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
 
         erase = [RandomErasing(probability=cfg["random_erasing"], mode="pixel", device="cpu")]
     as_uint8 = uint8 and not erase  # random erasing works on the scaled float tensor
-    if train and cfg.get("backend", "pil") in ("fast", "gpu"):  # gpu: its CPU reference (data/gpu.py)
+    if train and cfg.get("backend", "pil") == "fast":
         fast = FastTrainTransform(size, cfg["channels"], inception_crop=cfg.get("inception_crop", True),
                                   flip=cfg.get("flip", True), randaug=cfg.get("randaug", ""),
                                   crop_min_area=cfg.get("crop_min_area", 0.05),
@@ -284,43 +282,14 @@ class TransformedSplit(torch.utils.data.Dataset):
         return x, self._target(ex)
 
 
-def train_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None, device):
+def train_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None):
     """The trainer's train batches ``(uint8 images, targets)`` for ``input_cfg["backend"]``: ``pil`` and
-    ``fast`` transform on the CPU in loader workers (images on the host); ``gpu`` draws in the workers and
-    decodes and augments on ``device`` (``data/gpu.py``; images on ``device``)."""
-    backend = input_cfg.get("backend", "pil")
-    if backend == "gpu":
-        return _device_batches(ds, input_cfg, sampler, workers, num_classes, device)
-    if backend == "fast":  # hand JPEG bytes to the fast pipeline (it decodes at reduced scale)
+    ``fast`` transform on the CPU in loader workers."""
+    if input_cfg.get("backend", "pil") == "fast":  # JPEG bytes: the fast pipeline decodes at reduced scale
         from dpnrepro.data.fast import undecoded
 
         ds = undecoded(ds)
     return train_loader(ds, build_transform(input_cfg, train=True, uint8=True), sampler, workers, num_classes)
-
-
-def _device_batches(ds, input_cfg: dict, sampler: StepBatchSampler, workers: int, num_classes: int | None,
-                    device):
-    """``input.backend: gpu``: workers make :class:`dpnrepro.data.gpu.Plan` s (bytes + draws), the main process
-    decodes and augments them on ``device`` (any device, the CPU included: that is how the tests run it)."""
-    import functools
-
-    from dpnrepro.data.fast import undecoded
-    from dpnrepro.data.gpu import DeviceAugment, DeviceBatches, PlanTransform, collate_plans
-
-    if not input_cfg.get("inception_crop", True):
-        raise UserError("input.backend gpu implements the inception-crop train pipeline only; "
-                        "with inception_crop: false use input.backend fast")
-    if input_cfg.get("random_erasing", 0) > 0:
-        raise UserError("input.backend gpu has no device random erasing; use input.backend fast for this recipe")
-    size, channels = input_cfg["image_size"], input_cfg["channels"]
-    crop_sampler = input_cfg.get("crop_sampler", "torchvision")
-    plan = PlanTransform(size, channels, flip=input_cfg.get("flip", True), randaug=input_cfg.get("randaug", ""),
-                         crop_min_area=input_cfg.get("crop_min_area", 0.05), crop_sampler=crop_sampler)
-    loader = torch.utils.data.DataLoader(
-        TransformedSplit(undecoded(ds), plan, num_classes), batch_sampler=sampler, num_workers=workers,
-        collate_fn=functools.partial(collate_plans, size=size, channels=channels), persistent_workers=False,
-        generator=torch.Generator().manual_seed(sampler.seed))  # keep the global RNG out of the loader
-    return DeviceBatches(loader, DeviceAugment(size, channels, device, crop_sampler))
 
 
 def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0, num_classes: int | None = None):

@@ -4,8 +4,8 @@
   docstring lists big_vision's ops and arguments); :class:`SeededRandAugment` draws the op choice from
   Python's ``random``. The ``pil`` backend calls it on PIL images.
 * :func:`apply_op` runs one chosen timm ``AugmentOp`` on a uint8 HxWxC array, drawing from Python's
-  ``random`` exactly as ``op(img)`` does (:func:`op_args`: the level arguments, which the ``gpu`` backend's
-  workers also draw, :mod:`dpnrepro.data.gpu`). The ``fast`` backend (:mod:`dpnrepro.data.fast`) calls it.
+  ``random`` exactly as ``op(img)`` does (:func:`op_args`: the level arguments). The ``fast`` backend
+  (:mod:`dpnrepro.data.fast`) calls it.
 
 Where :func:`apply_op` leaves PIL (:data:`FAST_OPS`): ``Rotate`` and ``ShearX/Y`` are one
 ``cv2.warpAffine`` with PIL's exact matrix, pixel-centre convention, clamped-edge sampling and fill rule (a

@@ -149,8 +149,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         len(train_ds), train_cfg.batch_size, seed=seed, start_step=start, total_steps=train_cfg.steps,
         rank=ctx.rank, world_size=ctx.world_size, repeats=input_cfg.repeated_aug)
     halo = sampler.halo if mixing else 0
-    # uint8 images: on the host (pil, fast: copied below) or already on `device` (gpu: decoded and augmented there)
-    loader = train_batches(train_ds, input_cfg.model_dump(), sampler, runtime.workers, spec.num_classes, device)
+    loader = train_batches(train_ds, input_cfg.model_dump(), sampler, runtime.workers, spec.num_classes)  # uint8, host
     loss_step = LossStep(par.forward, LOSSES[train_cfg.loss], device, compile=runtime.compile,
                          cudagraphs=runtime.cudagraphs)
     if loss_step.cudagraphs and par.fsdp:  # pytorch/pytorch#127225: FSDP2's hooks free and re-gather parameters
