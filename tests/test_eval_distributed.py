@@ -17,7 +17,7 @@ INPUT = {"image_size": 28, "channels": 3, "eval_resize": 32, "squash": False}
 
 
 def _setup():
-    from dpnrepro.benchmarks.trainer_loop import photo_split
+    from dpnrepro.benchmarks.input_pipeline import photo_split
     from dpnrepro.models import build_vit
 
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Committed GPU throughput (dpnrepro.benchmarks.gpu_measured): the summary and reports/benchmarks_gpu.md are
+"""Committed GPU throughput (tools/gpu_measured.py): the summary and reports/benchmarks_gpu.md are
 rebuilt byte-identically from the committed full JSON, the summary keeps the flat schema that
 dpnrepro.cost.gpu_hours reads, and ``collect`` turns a run directory into the full document."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from dpnrepro.benchmarks import gpu_measured as gm
+import gpu_measured as gm
 from dpnrepro.cost import gpu_hours
 from helpers import REPO
 
@@ -21,7 +21,7 @@ def test_summary_and_report_are_rebuilt_from_the_committed_json(tmp_path):
     gm.write_outputs(_doc(), tmp_path)
     for path in (gm.SUMMARY_JSON, gm.REPORT_MD):
         assert (tmp_path / path).read_text() == (REPO / path).read_text(), \
-            f"{path} is stale: python -m dpnrepro.benchmarks.gpu_measured render"
+            f"{path} is stale: python tools/gpu_measured.py render"
 
 
 def test_summary_schema_is_flat_and_read_by_the_cost_model():

@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers import REPO
 
-from dpnrepro.benchmarks import gpu_validation as gv
+import gpu_validation as gv
 from dpnrepro.benchmarks.flops import TRAIN_FLOPS_MULTIPLIER, vit_forward_flops
 
 

@@ -106,7 +106,7 @@ def test_copy_storage_manifest_has_no_storage_key(tmp_path):
 def test_photo_folder_is_real_imagenet_sized_jpegs_the_same_for_any_workers(tmp_path):
     from PIL import Image
 
-    from dpnrepro.benchmarks.photo_folder import LONG_SIDE, source_photos, write_photo_folder
+    from photo_folder import LONG_SIDE, source_photos, write_photo_folder
 
     one = write_photo_folder(tmp_path / "one", n_train=54, n_val=27, workers=1)
     two = write_photo_folder(tmp_path / "two", n_train=54, n_val=27, workers=2)
@@ -128,7 +128,7 @@ def test_photo_folder_is_real_imagenet_sized_jpegs_the_same_for_any_workers(tmp_
 
 
 def test_folder_report_labels_the_100k_column_an_extrapolation():
-    from dpnrepro.benchmarks.folder import render_markdown
+    from bench_folder import render_markdown
 
     path = {"backend": "pil", "crop_sampler": "big_vision", "img_per_s_per_core": 250.0,
             "img_per_s_per_core_ci": [240.0, 260.0], "wall_img_per_s": 200.0, "cores_for_b16": 13.2}
@@ -157,7 +157,7 @@ def test_folder_report_labels_the_100k_column_an_extrapolation():
 def test_committed_folder_report_is_rendered_from_its_measurements():
     from pathlib import Path
 
-    from dpnrepro.benchmarks.folder import render_markdown
+    from bench_folder import render_markdown
 
     root = Path(__file__).resolve().parents[1]
     res = json.loads((root / "benchmarks/measured/input_folder.json").read_text())

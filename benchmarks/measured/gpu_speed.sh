@@ -2,7 +2,7 @@
 # The GPU speed measurement in one run on an H100 machine (about 9 minutes): side by side on one card,
 #   - B/16 DPN trainer loop (full profile, table1 recipe, compiled, batch 256, real JPEGs, pil);
 #   - Ti/16 DPN trainer loop (compiled + CUDA graphs, pil) and its step alone (same process);
-#   - B/16's step alone under each lever (dpnrepro.benchmarks.step_levers: baseline with a kernel-time
+#   - B/16's step alone under each lever (tools/step_levers.py: baseline with a kernel-time
 #     profile by op group, cuDNN / flash attention, compiled clipping + optimizer, channels_last, batch 512,
 #     the baseline again, max-autotune), one after another in the time left.
 # Jobs run in that order, each under its own `timeout` and the overall budget BUDGET_S (default 540 s);
@@ -28,7 +28,7 @@ W=$(( CPUS > 2 ? CPUS - 2 : 1 ))
 LEVERS=${LEVERS:-baseline,sdpa_cudnn,compiled_optimizer,sdpa_flash,channels_last,batch512,baseline_end,max_autotune}
 
 pack() {
-  $PY -m dpnrepro.benchmarks.step_levers --summarize "$RES/levers" >"$RES/levers_summary.log" 2>&1
+  $PY tools/step_levers.py --summarize "$RES/levers" >"$RES/levers_summary.log" 2>&1
   printf 'total_wall_s\t%s\n' "$(( $(date +%s) - T0 ))" >>"$RES/jobs.tsv"
   tar -czf "$OUT/gpu_speed.tgz" -C "$RES" . && echo "packed $OUT/gpu_speed.tgz"
   echo "---- jobs"; cat "$RES/jobs.tsv"; echo "---- levers"; cat "$RES/levers/levers.md" 2>/dev/null
@@ -56,13 +56,13 @@ phase_env() {
   cat "$RES/env.txt"
 }
 
-loop() {  # loop NAME MAX_S BACKEND ARGS...: the trainer's own loop (dpnrepro.benchmarks.trainer_loop)
+loop() {  # loop NAME MAX_S BACKEND ARGS...: the trainer's own loop (tools/trainer_loop.py)
   local name=$1 max=$2 backend=$3; shift 3
   if [ "$DRY" = 1 ]; then
-    job "$name" "$max" $PY -m dpnrepro.benchmarks.trainer_loop --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 \
+    job "$name" "$max" $PY tools/trainer_loop.py --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 \
       --workers 0 --device cpu --synthetic-rounds 0 --backend "$backend" --out "$RES/$name.json"
   else
-    job "$name" "$max" $PY -m dpnrepro.benchmarks.trainer_loop --workers "$W" --backend "$backend" "$@" \
+    job "$name" "$max" $PY tools/trainer_loop.py --workers "$W" --backend "$backend" "$@" \
       --out "$RES/$name.json"
   fi
 }
@@ -77,7 +77,7 @@ phase_loops() {
 phase_levers() {
   local size="--arch B-16" dev=cuda extra=""
   [ "$DRY" = 1 ] && { size="--arch Mu-7 --img-size 28 --batch-size 4 --steps-per-round 1"; dev=cpu; extra=--no-compile; }
-  job levers "$BUDGET" $PY -m dpnrepro.benchmarks.step_levers $size --device $dev $extra --profile --levers "$LEVERS" \
+  job levers "$BUDGET" $PY tools/step_levers.py $size --device $dev $extra --profile --levers "$LEVERS" \
     --out-dir "$RES/levers"
 }
 

@@ -14,8 +14,8 @@
 # (TESTS_IN_BACKGROUND=1: the `tests` phase runs beside the later phases, sharing the GPU). On exit,
 # even after an error or a signal, RES is packed into ONE file, $OUT/gpu_results.tar.gz (RES.tar.gz without
 # OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/gpu_artifacts.py;
-# on a CPU machine: python -m dpnrepro.gpu_artifacts unpack FILE). `collect` (python -m
-# dpnrepro.benchmarks.gpu_validation collect RES) writes benchmarks/measured/gpu_validation.json and
+# on a CPU machine: python -m dpnrepro.gpu_artifacts unpack FILE). `collect` (python
+# tools/gpu_validation.py collect RES) writes benchmarks/measured/gpu_validation.json and
 # reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on the bare GPU
 # image carry the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) and run `env` first.
 set -u -o pipefail
@@ -145,11 +145,11 @@ phase_step() {  # the step on a fixed on-device batch: eager / compiled / compil
 phase_loop() {  # the trainer's own loop on real JPEGs (full profile's table1 recipe, pil backend, all cores)
   local w=$(( CPUS > 2 ? CPUS - 2 : 1 ))
   if [ "$DRY" = 1 ]; then
-    job loop_dry 120 $PY -m dpnrepro.benchmarks.trainer_loop --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 --workers 0 \
+    job loop_dry 120 $PY tools/trainer_loop.py --arch Ti-16 --batch-size 4 --steps 2 --warmup 1 --workers 0 \
       --device cpu --synthetic-rounds 0 --out "$RES/loop_dry.json"
     return
   fi
-  lp() { local name=$1; shift; job "$name" 300 $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
+  lp() { local name=$1; shift; job "$name" 300 $PY tools/trainer_loop.py --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
   lp loop_b16_eager --arch B-16 --batch-size 256 --steps 20 --warmup 8
   lp loop_b16_compiled --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile
   lp loop_ti16_eager --arch Ti-16 --batch-size 256 --steps 30 --warmup 10
@@ -160,19 +160,19 @@ phase_loop() {  # the trainer's own loop on real JPEGs (full profile's table1 re
 phase_input() {  # input.backend pil against fast under B/16 (full profile recipe), and a real-photo JPEG folder on disk
   [ "$DRY" = 1 ] && return
   local w=$(( CPUS > 2 ? CPUS - 2 : 1 ))
-  lp() { local name=$1; shift; job "$name" 300 $PY -m dpnrepro.benchmarks.trainer_loop --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
+  lp() { local name=$1; shift; job "$name" 300 $PY tools/trainer_loop.py --workers $w --synthetic-rounds 0 "$@" --out "$RES/$name.json"; }
   lp loop_b16_compiled_pil --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend pil
   lp loop_b16_compiled_fast --arch B-16 --batch-size 256 --steps 20 --warmup 8 --compile --backend fast
   # the CPU input paths from a real-photo JPEG folder on disk (needs foolbox's wheel in .whl/, see photo_folder.py)
   if $PY -c "import foolbox" 2>/dev/null || ls .whl/foolbox-*.whl >/dev/null 2>&1; then
-    job input_folder 300 $PY scripts/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 \
+    job input_folder 300 $PY tools/bench_folder.py --train 20000 --val 0 --workers "$CPUS" --rounds 6 \
       --skip-prepare --tmp /tmp --out-json "$RES/input_folder.json" --out-md "$RES/input_folder.md"
   fi
 }
 
 phase_profile() {  # where Ti/16's eager step spends its time (torch.profiler, CPU and CUDA)
   [ "$DRY" = 1 ] && return
-  job profile_ti16 300 $PY -m dpnrepro.benchmarks.step_profile --arch Ti-16 --batch-size 256 --out "$RES/profile_ti16.json"
+  job profile_ti16 300 $PY tools/step_profile.py --arch Ti-16 --batch-size 256 --out "$RES/profile_ti16.json"
 }
 
 phase_mini() {  # the mini profile's table1 sweep through `dvc repro train-table1`, one run after the other (resumable)
@@ -242,7 +242,7 @@ PY
     2>&1 | tee "$RES/table1_pack.log"
 }
 
-phase_collect() { $PY -m dpnrepro.benchmarks.gpu_validation collect "$RES"; }
+phase_collect() { $PY tools/gpu_validation.py collect "$RES"; }
 
 phases=("$@"); [ ${#phases[@]} = 0 ] && phases=(env tests step loop input profile mini collect)
 export RES_DIR=$RES

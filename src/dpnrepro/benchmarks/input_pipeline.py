@@ -78,6 +78,17 @@ def load_photos(max_side: int = 500, quality: int = 90) -> tuple[list[bytes], li
     return blobs, info
 
 
+def photo_split(n: int, num_classes: int):
+    """A ``datasets`` train split of ``n`` real JPEG photos (cycled), labels ``i % num_classes``."""
+    import datasets
+
+    blobs, _ = load_photos()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=num_classes)})
+    return datasets.Dataset.from_dict(
+        {"image": [{"bytes": blobs[i % len(blobs)], "path": None} for i in range(n)],
+         "label": [i % num_classes for i in range(n)]}, features=features)
+
+
 def decode_all(images: list[bytes], store_dir) -> list:
     """The photos written to a prepare-time pixel store at ``store_dir`` (full size), read back as the
     memory-mapped uint8 arrays training hands to the fast transform."""
@@ -265,7 +276,7 @@ def render_markdown(res: dict) -> str:
         "",
         "Every CPU input path on a JPEG folder read from disk (the full profile's `crop_sampler: big_vision` "
         "included), the cores each needs for B/16's rate, and `prepare` of the folder per `data.storage`: "
-        "[input_folder.md](input_folder.md) (`scripts/bench_folder.py`).",
+        "[input_folder.md](input_folder.md) (`tools/bench_folder.py`).",
         "",
     ]
     return "\n".join(lines)

@@ -209,7 +209,7 @@ def run_benchmark(
     Step levers (:class:`~dpnrepro.benchmarks.contenders.StepLevers`): ``sdpa_backend``,
     ``compile_mode``, ``compiled_optimizer``, ``channels_last``; recorded under ``levers`` when any differs
     from the trainer's step. ``profile_ops``: after the rounds, each model's step profiled by kernel group
-    (:func:`~dpnrepro.benchmarks.step_profile.kernel_breakdown`), under ``op_profile``.
+    (:func:`~dpnrepro.benchmarks.op_profile.kernel_breakdown`), under ``op_profile``.
     """
     from dpnrepro.benchmarks.contenders import StepLevers
     from dpnrepro.models import STEMS, build_vit
@@ -323,7 +323,7 @@ def run_benchmark(
                     bar.update(1)
             recompiled[key] = compile and _compiled_graphs() != graphs_before
             if profile_ops:
-                from dpnrepro.benchmarks.step_profile import kernel_breakdown
+                from dpnrepro.benchmarks.op_profile import kernel_breakdown
 
                 for variant, c in live.items():
                     rows[variant]["op_profile"] = kernel_breakdown(c.step, steps_per_round, dev)

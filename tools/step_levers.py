@@ -6,8 +6,8 @@ bf16 autocast) with one setting changed (:data:`LEVERS`); its result is written 
 run stopped by its time budget keeps what it finished. The baseline runs first and, when ``baseline_end`` is
 listed, again last: the spread of the two is the noise a lever's difference must exceed.
 
-    python -m dpnrepro.benchmarks.step_levers --arch B-16 --levers baseline,sdpa_cudnn --out-dir D
-    python -m dpnrepro.benchmarks.step_levers --summarize D     # D/levers.json + D/levers.md
+    python tools/step_levers.py --arch B-16 --levers baseline,sdpa_cudnn --out-dir D
+    python tools/step_levers.py --summarize D     # D/levers.json + D/levers.md
 """
 
 from __future__ import annotations

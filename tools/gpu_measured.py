@@ -12,8 +12,8 @@ on a GPU machine with ``benchmarks/measured/run_gpu.sh`` (eight invocations of
   ``dpnrepro.cost.gpu_hours`` for GPU-hour estimates;
 - ``reports/benchmarks_gpu.md``: the human-readable report.
 
-``python -m dpnrepro.benchmarks.gpu_measured collect DIR`` builds all three from a run directory;
-``python -m dpnrepro.benchmarks.gpu_measured render`` rebuilds the summary and the report from the
+``python tools/gpu_measured.py collect DIR`` builds all three from a run directory;
+``python tools/gpu_measured.py render`` rebuilds the summary and the report from the
 committed full JSON (byte-identical; tests check it).
 """
 
@@ -169,10 +169,10 @@ def render(doc: dict) -> str:
         "```",
         "",
         f"`{RUN_SCRIPT}` runs the eight `stages/benchmark.py` invocations listed below (about 17 minutes on "
-        "an H100, most of it torch.compile's compilation) and then `python -m dpnrepro.benchmarks.gpu_measured "
+        "an H100, most of it torch.compile's compilation) and then `python tools/gpu_measured.py "
         f"collect`, which writes `{MEASURED_JSON}` (every run's full result, command line, wall time, device, "
         f"versions, git revision), `{SUMMARY_JSON}` (the flat rows `reports/README.md`'s GPU-hour estimates "
-        "read) and this page. `python -m dpnrepro.benchmarks.gpu_measured render` rebuilds the summary and "
+        "read) and this page. `python tools/gpu_measured.py render` rebuilds the summary and "
         "this page from the committed JSON.",
         "",
         "## Setup",

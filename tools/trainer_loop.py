@@ -10,7 +10,7 @@ The same model and recipe is then timed on a fixed uint8 batch already on the de
 (:mod:`dpnrepro.benchmarks.train_throughput`, the same :mod:`dpnrepro.training.step` code): the ratio of
 the two is how much of the step's speed the input pipeline keeps.
 
-    python -m dpnrepro.benchmarks.trainer_loop --arch B-16 --stem dpn --batch-size 256 --compile --out X.json
+    python tools/trainer_loop.py --arch B-16 --stem dpn --batch-size 256 --compile --out X.json
 """
 
 from __future__ import annotations
@@ -27,23 +27,11 @@ import torch
 from dpnrepro.errors import UserError
 
 
-def photo_split(n: int, num_classes: int):
-    """A ``datasets`` train split of ``n`` real JPEG photos (cycled), labels ``i % num_classes``."""
-    import datasets
-
-    from dpnrepro.benchmarks.input_pipeline import load_photos
-
-    blobs, _ = load_photos()
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=num_classes)})
-    return datasets.Dataset.from_dict(
-        {"image": [{"bytes": blobs[i % len(blobs)], "path": None} for i in range(n)],
-         "label": [i % num_classes for i in range(n)]}, features=features)
-
-
 def measure_trainer_loop(arch: str, stem: str, *, batch_size: int, steps: int, warmup: int, workers: int,
                          compile: bool, cudagraphs: bool, profile: str = "profiles/full.yaml",
                          sweep: str = "table1", backend: str | None = None, device: str = "cuda") -> dict:
     """ms/step and img/s of ``train_classifier`` (the recipe of ``sweep``/``arch`` in ``profile``)."""
+    from dpnrepro.benchmarks.input_pipeline import photo_split
     from dpnrepro.config.runtime import RuntimeParams
     from dpnrepro.config.sweeps import sweep_config
     from dpnrepro.config.params import load_params
