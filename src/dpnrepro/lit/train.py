@@ -138,7 +138,8 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
     """
     from dpnrepro.data.loader import StepBatchSampler
     from dpnrepro.training import distributed
-    from dpnrepro.training.checkpoint import Curves, load_checkpoint, read_checkpoint_meta, save_checkpoint
+    from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
+    from dpnrepro.training.history import Curves
     from dpnrepro.training.optim import build_optimizer, schedule_multiplier
     from dpnrepro.training.trainer import KILL_AT_STEP_ENV
 

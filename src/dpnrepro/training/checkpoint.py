@@ -6,7 +6,7 @@ A training checkpoint is a directory with
   ``rng.safetensors``        torch CPU/CUDA generator states,
   ``meta.json``              step, config fingerprint, optimizer param-group scalars, scheduler,
                              Python RNG state, and what the trainer adds (``extra``: the run's logged
-                             curves up to this step, :class:`Curves`).
+                             curves up to this step, :class:`dpnrepro.training.history.Curves`).
 The directory is built under a temporary name and renamed into place, so a kill at any moment leaves
 either the previous complete checkpoint or the new complete one.
 """
@@ -99,34 +99,6 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler) -> dic
     v, state, gauss = meta["python_rng"]
     random.setstate((v, tuple(state), gauss))
     return meta
-
-
-class Curves:
-    """A run's dvclive curves, kept so that a resumed run logs exactly what an uninterrupted one does.
-
-    :meth:`log` sends one step's values to ``live`` (None: not logged, e.g. ranks other than 0) and keeps
-    them in :attr:`history` (plain JSON: ``[step, [[name, value], ...]]``, in logging order, which is the
-    order of dvclive's ``metrics.json``). The trainers store the history in every checkpoint; a run
-    resumed from one first logs it again (:meth:`replay`), so its dvclive files (every TSV and
-    ``metrics.json``) are byte for byte those of the run that wrote the checkpoint, whether it resumes
-    mid-training or is restored from a complete checkpoint after DVC deleted the run directory.
-    """
-
-    def __init__(self, live=None):
-        self.live = live
-        self.history: list = []
-
-    def log(self, step: int, values: dict) -> None:
-        self.history.append([step, [[name, value] for name, value in values.items()]])
-        if self.live is not None:
-            self.live.step = step
-            for name, value in values.items():
-                self.live.log_metric(name, value)
-
-    def replay(self, history: list) -> None:
-        """Log a checkpoint's history again (the curves up to its step)."""
-        for step, values in history:
-            self.log(step, dict(values))
 
 
 def safe_torch_load(path: str | Path):

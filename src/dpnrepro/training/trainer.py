@@ -21,7 +21,8 @@ from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, train_batches
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed
-from dpnrepro.training.checkpoint import Curves, load_checkpoint, read_checkpoint_meta, save_checkpoint
+from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
+from dpnrepro.training.history import Curves
 from dpnrepro.training.losses import LOSSES, mixup, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler
 from dpnrepro.training.step import LossStep, reseed, unit_range
