@@ -7,44 +7,28 @@
 #     the baseline again, max-autotune), one after another in the time left.
 # Jobs run in that order, each under its own `timeout` and the overall budget BUDGET_S (default 540 s);
 # a job that cannot get MIN_JOB_S (30 s) is skipped and named in jobs.tsv. Whatever happens, the EXIT trap
-# summarises the levers and packs every result and log into $OUT/gpu_speed.tgz (one file).
+# summarises the levers and packs every result and log into $OUT/gpu_speed.tar.gz (one file).
 #
 #   bash benchmarks/measured/gpu_speed.sh                  # on the GPU (needs .whl/ carried: see README)
 #   DRY_RUN=1 OUT=/tmp/x bash benchmarks/measured/gpu_speed.sh   # CPU, tiny sizes: checks the plumbing
 #   LEVERS=batch512,max_autotune bash benchmarks/measured/gpu_speed.sh levers   # some jobs / levers only
 set -u -o pipefail
-T0=$(date +%s)
-BUDGET=${BUDGET_S:-540}
-MIN_JOB=${MIN_JOB_S:-30}
+BUDGET_S=${BUDGET_S:-540}
+PACK_RESERVE_S=${PACK_RESERVE_S:-0}
+MIN_JOB_S=${MIN_JOB_S:-30}
 OUT=${OUT:-/tmp/gpu_speed_out}
 RES=${RES:-/tmp/gpu_speed}
-DRY=${DRY_RUN:-0}
-PY=${PYTHON:-python3}
-mkdir -p "$RES" "$OUT"
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
-  HF_DATASETS_OFFLINE=1 DPNREPRO_CPU_THREADS=${DPNREPRO_CPU_THREADS:-8}
-CPUS=$(nproc)
+source "$(dirname "$0")/lib.sh"  # T0, PY, DRY, CPUS, the environment; left, job, pack_res
 W=$(( CPUS > 2 ? CPUS - 2 : 1 ))
 LEVERS=${LEVERS:-baseline,sdpa_cudnn,compiled_optimizer,sdpa_flash,channels_last,batch512,baseline_end,max_autotune}
 
 pack() {
   $PY tools/step_levers.py --summarize "$RES/levers" >"$RES/levers_summary.log" 2>&1
   printf 'total_wall_s\t%s\n' "$(( $(date +%s) - T0 ))" >>"$RES/jobs.tsv"
-  tar -czf "$OUT/gpu_speed.tgz" -C "$RES" . && echo "packed $OUT/gpu_speed.tgz"
+  pack_res gpu_speed.tar.gz
   echo "---- jobs"; cat "$RES/jobs.tsv"; echo "---- levers"; cat "$RES/levers/levers.md" 2>/dev/null
 }
 trap pack EXIT
-
-job() {  # job NAME MAX_S COMMAND...: under `timeout`, within the overall budget; rc and wall time to jobs.tsv
-  local name=$1 max=$2; shift 2
-  local left=$(( BUDGET - ($(date +%s) - T0) )); local t=$(( max < left ? max : left ))
-  if [ "$t" -lt "$MIN_JOB" ]; then printf '%s\tskipped (budget: %ss left)\n' "$name" "$left" >>"$RES/jobs.tsv"; return; fi
-  echo "== $name (timeout ${t}s): $*"
-  local s=$(date +%s)
-  timeout -k 10 "$t" "$@" >"$RES/$name.log" 2>&1; local rc=$?
-  printf '%s\trc=%s\twall_s=%s\ttimeout_s=%s\n' "$name" "$rc" "$(( $(date +%s) - s ))" "$t" >>"$RES/jobs.tsv"
-  tail -n 3 "$RES/$name.log"
-}
 
 phase_env() {
   if [ -d .whl ] && ! $PY -c "import pydantic, datasets" 2>/dev/null; then
@@ -77,7 +61,7 @@ phase_loops() {
 phase_levers() {
   local size="--arch B-16" dev=cuda extra=""
   [ "$DRY" = 1 ] && { size="--arch Mu-7 --img-size 28 --batch-size 4 --steps-per-round 1"; dev=cpu; extra=--no-compile; }
-  job levers "$BUDGET" $PY tools/step_levers.py $size --device $dev $extra --profile --levers "$LEVERS" \
+  job levers "$BUDGET_S" $PY tools/step_levers.py $size --device $dev $extra --profile --levers "$LEVERS" \
     --out-dir "$RES/levers"
 }
 

@@ -19,47 +19,20 @@
 # reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on the bare GPU
 # image carry the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) and run `env` first.
 set -u -o pipefail
-T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
 PACK_RESERVE_S=${PACK_RESERVE_S:-25}
+MIN_JOB_S=${MIN_JOB_S:-5}
 RES=${RES:-/tmp/gpu_validation}
-mkdir -p "$RES"
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-  DVC_NO_ANALYTICS=1 DPNREPRO_CPU_THREADS=${DPNREPRO_CPU_THREADS:-8}
+source "$(dirname "$0")/lib.sh"  # T0, PY, DRY, CPUS, the environment; left, job, pack_res
 export PATH=/tmp/site/bin:$PATH  # dvc's console script, installed by `env`
-PY=${PYTHON:-python3}
 export PATH=$(dirname "$(command -v "$PY")"):$PATH  # dvc.yaml's stage commands call `python`
-DRY=${DRY_RUN:-0}
 DEV=cuda; [ "$DRY" = 1 ] && DEV=cpu
-CPUS=$(nproc)
 CARRY=${CARRY:-.gpu_carry}
 # the revision the carried checkout was made from (no .git travels; make gpu-carry writes it)
 [ -z "${GIT_REV:-}" ] && [ -s "$CARRY/git_rev" ] && GIT_REV=$(cat "$CARRY/git_rev")
 export GIT_REV=${GIT_REV:-}
 
-left() { echo $(( BUDGET_S - PACK_RESERVE_S - ($(date +%s) - T0) )); }
-
-job() {  # job NAME CAP_S COMMAND...: once (skipped when RES/NAME.json exists), under `timeout` min(CAP_S, budget left)
-  local name=$1 cap=$2; shift 2
-  if [ -s "$RES/$name.json" ]; then echo "== $name: done before"; return 0; fi
-  local t=$(left); [ "$cap" -lt "$t" ] && t=$cap
-  if [ "$t" -lt 5 ]; then
-    echo "== $name: skipped, the budget is spent"; printf '%s\trc=skipped\twall_s=0\n' "$name" >> "$RES/jobs.tsv"; return 1
-  fi
-  echo "== $name (timeout ${t}s): $*"
-  printf '%s\t%s\n' "$name" "$*" >> "$RES/commands.tsv"
-  local t0=$(date +%s)
-  timeout --signal=INT --kill-after=15 "$t" "$@" 2>&1 | tee "$RES/$name.log"; local rc=${PIPESTATUS[0]}
-  printf '%s\trc=%s\twall_s=%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" >> "$RES/jobs.tsv"
-  return "$rc"
-}
-
-pack_results() {  # the EXIT trap: every result in one file under $OUT (a GPU run returns at most 8 files)
-  local dest=${OUT:-$(dirname "$RES")}
-  mkdir -p "$dest" && tar -czf "$dest/gpu_results.tar.gz" -C "$(dirname "$RES")" "$(basename "$RES")" \
-    && echo "######## results packed: $dest/gpu_results.tar.gz ($(du -h "$dest/gpu_results.tar.gz" | cut -f1))"
-}
-trap pack_results EXIT
+trap 'pack_res gpu_results.tar.gz' EXIT
 trap 'exit 130' INT TERM
 
 make_params() {  # make_params PROFILE KEY=VALUE...: params.yaml as `make profile` makes it, then a YAML-aware edit
