@@ -5,11 +5,10 @@ import gzip
 import struct
 from pathlib import Path
 
+import dpnrepro  # noqa: F401,I001  (first: its CPU pins must be in place before numpy and torch load)
 import numpy as np
 import pytest
 import torch
-
-import dpnrepro  # noqa: F401  (pins the CPU instruction sets before torch runs a kernel)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,8 +34,9 @@ def test_every_cpu_op_gives_the_committed_bits(pinned):
     committed = json.loads(COMMITTED.read_text())
     found = pinned
     assert found["versions"] == committed["versions"], (
-        f"library versions {found['versions']} differ from the fingerprint's {committed['versions']}: a pin changed; "
-        "record it again with `python -m dpnrepro.kernel_fingerprint --write` and regenerate the results")
+        f"versions {found['versions']} differ from the fingerprint's {committed['versions']}: a pin changed (a library, "
+        "Python or the C library), not this CPU's kernels; record it again with "
+        "`python -m dpnrepro.kernel_fingerprint --write` and regenerate the results")
     differ = diff(found["hashes"], committed["hashes"])
     assert not differ, (f"this CPU's kernels give other bits than {committed['machine']} in: {', '.join(differ)} "
                         f"(kernel choices here: {found['in_force']}; there: {committed['in_force']})")
@@ -51,6 +52,40 @@ def test_the_vendor_neutral_kernel_choices_are_in_force(pinned):
     assert seen["numpy_dispatch"] == "X86_V3", "NumPy dispatches past AVX2: NPY_DISABLE_CPU_FEATURES not in force"
     assert seen["openblas_core"] == "Haswell"
     assert seen["threads"] == "2"
+
+
+def test_the_version_check_names_python_and_the_c_library(pinned):
+    """A machine with another Python or libc fails as 'a pin changed', before any hash is compared."""
+    import platform
+
+    assert pinned["versions"]["python"] == platform.python_version()
+    assert pinned["versions"]["libc"] == " ".join(platform.libc_ver()) and platform.libc_ver()[0]
+
+
+def test_the_optimizer_is_split_into_its_parts(pinned):
+    assert {"adamw_decay", "adamw_moments", "adamw_update", "adamw_bias_correction", "sgd_momentum"} <= set(pinned["hashes"])
+    assert "adamw" not in pinned["hashes"]
+
+
+# What MKL's branch (the choice that differs between Intel and AMD CPUs) may change: the GEMMs and MKL's
+# vector math. The optimizers must not depend on it: torch's default CPU AdamW does (its sqrt is MKL's).
+OPTIMIZER_PROBE = ("import json, sys, torch, dpnrepro.kernel_fingerprint as k; from types import SimpleNamespace; "
+                   "from dpnrepro.training.optim import build_optimizer; k.pin_threads(); "
+                   "out = k.optimizer_ops(); m = torch.nn.Linear(64, 256, bias=False); "
+                   "o = build_optimizer(m, SimpleNamespace(optimizer='adamw', lr=1e-3, weight_decay=1e-4), fused=False); "
+                   "m.weight.grad = torch.randn(256, 64, generator=torch.Generator().manual_seed(3)); o.step(); o.step(); "
+                   "out['torch_default_adamw'] = k._sha(m.weight); print(json.dumps(out))")
+
+
+def test_the_optimizer_does_not_follow_mkls_cpu_dependent_branch():
+    base = {k: v for k, v in stage_env(no_thread_pin=True).items() if k != KERNELS_ENV}
+    runs = {branch: in_fresh_process(OPTIMIZER_PROBE, {**base, **INSTRUCTION_SET_ENV, "MKL_CBWR": branch,
+                                                       KERNELS_ENV: "environment"})
+            for branch in ("COMPATIBLE,STRICT", "AUTO", "AVX2")}
+    ours = {b: {k: v for k, v in r.items() if k != "torch_default_adamw"} for b, r in runs.items()}
+    assert ours["AUTO"] == ours["COMPATIBLE,STRICT"] == ours["AVX2"], ours
+    # the evidence for the choice: torch's default CPU path gives other bits under another branch
+    assert len({r["torch_default_adamw"] for r in runs.values()}) > 1
 
 
 def test_the_native_opt_out_gives_the_cpus_own_kernels():

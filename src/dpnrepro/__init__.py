@@ -1,10 +1,16 @@
 """dpnrepro: a reproducibility harness for Dual PatchNorm (Kumar, Dehghani, Houlsby, TMLR 2023)."""
 
+import sys as _sys
+
 from dpnrepro import cpu_determinism as _cpu_determinism
 
-# Before torch runs a kernel: pin the instruction sets ATen, MKL and oneDNN dispatch to, so CPU results
-# do not depend on the CPU model (src/dpnrepro/cpu_determinism.py).
-_cpu_determinism.pin_instruction_sets()
+# Before numpy, torch or cv2 load: pin the kernels they dispatch to, so CPU results do not depend on the
+# CPU model or vendor (src/dpnrepro/cpu_determinism.py); refused in one line where they cannot be in force.
+try:
+    _cpu_determinism.pin_instruction_sets()
+except _cpu_determinism.PinConflict as _e:
+    print(f"dpnrepro: {_e}", file=_sys.stderr)
+    raise SystemExit(2) from None
 
 __version__ = "0.1.0"
 

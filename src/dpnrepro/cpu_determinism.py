@@ -4,14 +4,15 @@ The same program on the same inputs gives different bits on different x86 CPUs b
 under the pipeline pick their kernels by CPU. Each has a documented switch, set here for every process
 that imports :mod:`dpnrepro` (all stages, torchrun workers, tests) before any of them loads:
 
-- ``ATEN_CPU_CAPABILITY=avx2``: torch's own kernels (reductions, softmax, LayerNorm, AdamW's foreach
-  ops) from their AVX2 build, not AVX-512 (``aten/src/ATen/native/DispatchStub.cpp``).
+- ``ATEN_CPU_CAPABILITY=avx2``: torch's own kernels (reductions, softmax, LayerNorm, the fused AdamW)
+  from their AVX2 build, not AVX-512 (``aten/src/ATen/native/DispatchStub.cpp``).
 - ``MKL_CBWR=COMPATIBLE,STRICT``: MKL's GEMMs on the one code branch both vendors honour. oneMKL's
   *Specifying Code Branches*: branches other than ``AUTO`` and ``COMPATIBLE`` exist only on Intel CPUs;
-  on AMD, ``AVX2`` silently runs ``AUTO`` (seen here: ``MKL_VERBOSE`` prints ``CNR:AUTO,STRICT`` for
-  ``MKL_CBWR=AVX2,STRICT`` on an AMD EPYC), so Intel and AMD ran different GEMMs. ``STRICT`` (thread-
-  count independence) applies to the AVX2/AVX-512 branches only; the thread count is fixed below, as
-  *Reproducibility Conditions* asks, with ``MKL_DYNAMIC=FALSE`` / ``OMP_DYNAMIC=FALSE``.
+  on AMD, ``AVX2`` silently runs ``AUTO`` (``MKL_VERBOSE`` prints ``CNR:AUTO,STRICT`` there), so Intel and
+  AMD ran different GEMMs. ``STRICT`` (thread-count independence) applies to the AVX2/AVX-512 branches
+  only; the thread count is fixed below, as *Reproducibility Conditions* asks, with
+  ``MKL_DYNAMIC=FALSE`` / ``OMP_DYNAMIC=FALSE``. MKL's vector math (torch's CPU ``sqrt``) is not pinned
+  by this: the optimizer avoids it (training/optim.py).
 - Convolutions off oneDNN and NNPACK (:func:`pin_threads`): their blocking follows the CPU's cache sizes
   (an ISA cap, ``ONEDNN_MAX_CPU_ISA=AVX2``, kept for oneDNN's other uses, does not fix that), so torch
   computes them with its own im2col + MKL GEMM, on the branch above.
@@ -20,18 +21,23 @@ that imports :mod:`dpnrepro` (all stages, torchrun workers, tests) before any of
 - ``OPENBLAS_CORETYPE=Haswell``: NumPy's OpenBLAS (few-shot's ridge solve, statistics) on its Haswell
   (AVX2) kernels, not the kernels of the detected core (OpenBLAS's DYNAMIC_ARCH, ``OPENBLAS_CORETYPE``).
 - Not pinned: OpenCV's dispatch (AVX-512 paths, Intel IPP) for the fast input backend's warps, filters
-  and resizes; turning either off changes none of their bits on an AVX-512 CPU (measured as below), and
-  the fingerprint hashes those ops, so a CPU where they differ fails its test.
+  and resizes; turning either off changes none of their bits on an AVX-512 CPU, and the fingerprint
+  hashes those ops, so a CPU where they differ fails its test.
 
-Which ops each switch changes was measured with ``python -m dpnrepro.kernel_fingerprint --switches``
-(each set alone to another CPU's choice); results and cost in docs/determinism.md#cpu-switches. Values a user sets in the
-environment win (``setdefault``). ``DPNREPRO_CPU_KERNELS=native`` opts out of all of it for speed:
-results are then reproducible on the same machine only, and their hardware label says so.
+The switches are read when the libraries load, so they cannot be applied late: importing dpnrepro after
+numpy, torch or cv2 is refused (unless the environment already holds them), and so is an inherited value
+that differs from the pinned one. The hardware label (:func:`describe`) is built from what each library
+reports it runs (:func:`library_choices`), not from the environment. ``DPNREPRO_CPU_KERNELS=native``
+opts out of all of it for speed (results reproducible on the same machine only; the label says so);
+``DPNREPRO_CPU_KERNELS=environment`` takes the switches exactly as the environment sets them (the
+kernel fingerprint's ``--switches`` sweep). Which ops each switch changes: docs/determinism.md#cpu-switches.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 INSTRUCTION_SET_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
@@ -42,22 +48,44 @@ INSTRUCTION_SET_ENV = {
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
     "OPENBLAS_CORETYPE": "Haswell",
 }
+# The libraries that read the switches when they load.
+READS_AT_LOAD = ("numpy", "torch", "cv2")
 
 # Intra-op threads of every stage: the CI machine's 2 cores. Another value changes ATen's reduction
 # order, hence the bits; DPNREPRO_CPU_THREADS overrides it (for speed, at the cost of that guarantee).
 CPU_THREADS = 2
 THREADS_ENV = "DPNREPRO_CPU_THREADS"
-KERNELS_ENV = "DPNREPRO_CPU_KERNELS"  # "native": the CPU's own fastest kernels, no cross-machine guarantee
+KERNELS_ENV = "DPNREPRO_CPU_KERNELS"  # "native" | "environment" | unset (the pins)
+
+
+class PinConflict(RuntimeError):
+    """The pins cannot be in force in this process (a library loaded first, or a conflicting value)."""
 
 
 def native() -> bool:
     return os.environ.get(KERNELS_ENV, "").lower() == "native"
 
 
+def _as_set() -> bool:
+    return os.environ.get(KERNELS_ENV, "").lower() == "environment"
+
+
 def pin_instruction_sets() -> None:
-    if not native():
-        for key, value in INSTRUCTION_SET_ENV.items():
-            os.environ.setdefault(key, value)
+    """Put the switches in this process's environment before the libraries that read them load."""
+    if native() or _as_set():
+        return
+    differ = {k: os.environ[k] for k, v in INSTRUCTION_SET_ENV.items() if os.environ.get(k, v).strip().upper() != v.upper()}
+    if differ:
+        raise PinConflict(
+            "the environment sets " + ", ".join(f"{k}={v!r}" for k, v in differ.items())
+            + f" where dpnrepro pins {', '.join(f'{k}={INSTRUCTION_SET_ENV[k]!r}' for k in differ)}: "
+            f"unset it, or set {KERNELS_ENV}=native for this machine's own kernels (no cross-machine guarantee)")
+    loaded = [m for m in READS_AT_LOAD if m in sys.modules]
+    if loaded and any(k not in os.environ for k in INSTRUCTION_SET_ENV):
+        raise PinConflict(
+            f"{', '.join(loaded)} loaded before dpnrepro, so its CPU pins cannot take effect: import dpnrepro "
+            f"first, or set them in the environment ({' '.join(f'{k}={v!r}' for k, v in INSTRUCTION_SET_ENV.items())})")
+    os.environ.update(INSTRUCTION_SET_ENV)
 
 
 def route_convolutions() -> None:
@@ -79,11 +107,71 @@ def pin_threads() -> int:
     return n
 
 
-def describe() -> str:
-    """What decides CPU bits in this process: kernels, MKL branch, threads."""
+def mkl_branch() -> str:
+    """MKL's code branch, as MKL reports it: the ``CNR:`` field of a GEMM under ``MKL_VERBOSE`` (printed to
+    file descriptor 1, captured here)."""
+    import tempfile
+
     import torch
 
-    if native():
-        return f"native {torch.backends.cpu.get_cpu_capability()} kernels (this machine only), {torch.get_num_threads()} threads"
-    return (f"{torch.backends.cpu.get_cpu_capability()} kernels, MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')}, "
-            f"{torch.get_num_threads()} threads")
+    with tempfile.TemporaryFile() as tmp:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(tmp.fileno(), 1)
+        try:
+            with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+                torch.ones(8, 8) @ torch.ones(8, 8)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        m = re.search(r"CNR:([A-Z0-9_,]+)", tmp.read().decode(errors="replace"))
+    return m.group(1) if m else "unknown"
+
+
+def numpy_dispatch() -> str:
+    """The SIMD targets NumPy's dispatched functions run (``numpy.lib.introspect.opt_func_info``)."""
+    from numpy.lib.introspect import opt_func_info
+
+    targets = {d["current"] for sigs in opt_func_info().values() for d in sigs.values()}
+    return " ".join(sorted(t for t in targets if not t.startswith("baseline"))) or "baseline"
+
+
+def openblas_core() -> str:
+    """The kernel set NumPy's OpenBLAS runs, as threadpoolctl reads it from OpenBLAS."""
+    import numpy  # noqa: F401  (loads its OpenBLAS)
+    from threadpoolctl import threadpool_info
+
+    cores = sorted({lib.get("architecture") or "?" for lib in threadpool_info() if lib.get("internal_api") == "openblas"})
+    return " ".join(cores) or "unknown (no OpenBLAS loaded)"
+
+
+def library_choices() -> dict[str, str]:
+    """What decides CPU bits in this process, read back from each library."""
+    import torch
+
+    return {
+        "aten": torch.backends.cpu.get_cpu_capability(),
+        "mkl_branch": mkl_branch(),
+        "mkldnn_conv": str(torch.backends.mkldnn.enabled),
+        "numpy_dispatch": numpy_dispatch(),
+        "openblas_core": openblas_core(),
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+_LABEL: dict[int, str] = {}
+
+
+def describe() -> str:
+    """The CPU part of a result's label, from :func:`library_choices` (computed once per thread count)."""
+    import torch
+
+    n = torch.get_num_threads()
+    if n not in _LABEL:
+        c = library_choices()
+        label = (f"ATen {c['aten']}, MKL {c['mkl_branch']}, NumPy {c['numpy_dispatch']}, "
+                 f"OpenBLAS {c['openblas_core']}, convolutions {'oneDNN' if c['mkldnn_conv'] == 'True' else 'im2col'}, "
+                 f"{n} threads")
+        _LABEL[n] = f"native kernels (this machine only): {label}" if native() else label
+    return _LABEL[n]

@@ -20,13 +20,12 @@ import hashlib
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import dpnrepro  # noqa: F401  (pins the kernel choices before numpy, torch or cv2 load)
-from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV, describe, pin_threads
+from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV, describe, library_choices, pin_threads
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 COMMITTED = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kernel_fingerprint.json"
@@ -96,12 +95,42 @@ def tensor_ops() -> dict[str, str]:
     clipped.grad = g.clone()
     torch.nn.utils.clip_grad_norm_([clipped], 1.0)
     out["clip_grad_norm"] = _sha(clipped.grad)
-    p = torch.nn.Parameter(w.clone())
-    opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.1)
-    for i in range(3):
-        p.grad = _normal(*w.shape, seed=20 + i)
-        opt.step()
-    out["adamw"] = _sha(p)
+    return out
+
+
+def optimizer_ops(steps: int = 3) -> dict[str, str]:
+    """The pipeline's optimizers (training/optim.py) on a Mu/7-sized weight, split into what each step
+    computes, so a machine that differs names the part: the decoupled decay alone (zero gradient), the two
+    moments, the updated weights, the bias corrections (libm's pow in double, as the fused kernel takes
+    them), and SGD with momentum (the fine-tunes)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dpnrepro.training.optim import build_optimizer
+
+    w = _normal(MLP, WIDTH, seed=2) * 0.1
+    grads = [_normal(*w.shape, seed=20 + i) for i in range(steps)]
+
+    def run(optimizer: str, zero_grad: bool = False):
+        model = torch.nn.Linear(WIDTH, MLP, bias=False)
+        model.weight.data.copy_(w)
+        opt = build_optimizer(model, SimpleNamespace(optimizer=optimizer, lr=1e-3, weight_decay=1e-4))
+        for g in grads:
+            model.weight.grad = torch.zeros_like(g) if zero_grad else g.clone()
+            opt.step()
+        return model.weight, opt.state[model.weight]
+
+    out = {}
+    p, _ = run("adamw", zero_grad=True)
+    out["adamw_decay"] = _sha(p)
+    p, state = run("adamw")
+    out["adamw_moments"] = _sha(state["exp_avg"], state["exp_avg_sq"])
+    out["adamw_update"] = _sha(p)
+    out["adamw_bias_correction"] = _sha(torch.tensor(
+        [c for t in range(1, 1001) for c in (1 - 0.9 ** t, (1 - 0.999 ** t) ** 0.5)], dtype=torch.float64))
+    p, _ = run("sgd_momentum")
+    out["sgd_momentum"] = _sha(p)
     return out
 
 
@@ -161,11 +190,15 @@ def image_ops() -> dict[str, str]:
 
 
 def training_run(steps: int = 20) -> dict[str, str]:
-    """A 20-step Mu/7 training on real Fashion-MNIST (both stems), AdamW + clipping: the end weights."""
+    """A 20-step Mu/7 training on real Fashion-MNIST (both stems), the pipeline's AdamW + clipping: the end
+    weights."""
+    from types import SimpleNamespace
+
     import torch
     import torch.nn.functional as F
 
     from dpnrepro.models.vision_transformer_dpn import build_vit
+    from dpnrepro.training.optim import build_optimizer
 
     out = {}
     labels_path = FASHION_MNIST.with_name("train-labels-idx1-ubyte.gz")
@@ -175,7 +208,7 @@ def training_run(steps: int = 20) -> dict[str, str]:
     for stem in ("dpn", "conv"):
         torch.manual_seed(0)
         model = build_vit("Mu/7", stem=stem, img_size=28, in_chans=1, num_classes=10)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+        opt = build_optimizer(model, SimpleNamespace(optimizer="adamw", lr=1e-3, weight_decay=1e-4))
         for i in range(steps):
             sl = slice(32 * i, 32 * (i + 1))
             loss = F.cross_entropy(model(images[sl]), labels[sl])
@@ -195,56 +228,22 @@ def fingerprint(onednn_convolutions: bool = False) -> dict[str, str]:
     if onednn_convolutions:
         torch.backends.mkldnn.enabled = True
         torch.backends.nnpack.set_flags(True)
-    return {**tensor_ops(), **python_float_ops(), **numpy_ops(), **image_ops(), **training_run()}
-
-
-def mkl_branch() -> str:
-    """The MKL code branch in force, as MKL itself reports it (``MKL_VERBOSE``'s ``CNR:`` field of a GEMM)."""
-    probe = "import dpnrepro, torch; torch.ones(64, 64) @ torch.ones(64, 64)"
-    out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "MKL_VERBOSE": "1"},
-                         capture_output=True, text=True, check=True).stdout
-    m = re.search(r"CNR:([A-Z0-9_,]+)", out)
-    return m.group(1) if m else "unknown (MKL_VERBOSE printed no CNR field)"
-
-
-def openblas_core() -> str:
-    """The kernel set NumPy's OpenBLAS runs, as OpenBLAS reports it (``*_get_corename``)."""
-    import ctypes
-
-    import numpy  # noqa: F401  (loads its OpenBLAS)
-
-    maps = Path("/proc/self/maps")
-    libs = {line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line.lower()} if maps.exists() else set()
-    for path in sorted(libs):
-        lib = ctypes.CDLL(path)
-        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
-            if hasattr(lib, name):
-                fn = getattr(lib, name)
-                fn.restype = ctypes.c_char_p
-                return fn().decode()
-    return "unknown (no OpenBLAS loaded)"
+    return {**tensor_ops(), **optimizer_ops(), **python_float_ops(), **numpy_ops(), **image_ops(), **training_run()}
 
 
 def in_force() -> dict[str, str]:
     """What decides the bits in a stage's process: each library's kernel choice, read back from the library."""
     import cv2
     import numpy as np
-    import torch
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
 
     pin_threads()
     blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
     return {
-        "aten": f"{torch.backends.cpu.get_cpu_capability()}",
-        "mkl_branch": mkl_branch(),
+        **library_choices(),
         "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"),
-        "mkldnn_conv": str(torch.backends.mkldnn.enabled),
-        "numpy_dispatch": " ".join(t for t in __cpu_dispatch__ if __cpu_features__.get(t)),
         "numpy_blas": f"{blas.get('name', '?')} {blas.get('version', '')}".strip(),
-        "openblas_core": openblas_core(),
         "opencv_dispatch": cv2.getCPUFeaturesLine(),
         "opencv_ipp": str(cv2.ipp.useIPP()),
-        "threads": str(torch.get_num_threads()),
     }
 
 
@@ -262,7 +261,8 @@ def versions() -> dict[str, str]:
     import PIL
     import torch
 
-    return {"torch": torch.__version__, "numpy": np.__version__, "opencv": cv2.__version__, "pillow": PIL.__version__}
+    return {"torch": torch.__version__, "numpy": np.__version__, "opencv": cv2.__version__, "pillow": PIL.__version__,
+            "python": platform.python_version(), "libc": " ".join(platform.libc_ver())}
 
 
 def in_fresh_process(code: str, env: dict, *args: str) -> dict:
@@ -290,7 +290,7 @@ def _switch_sweep() -> dict:
     """Each switch of cpu_determinism set, alone, to what another CPU's library would choose, in a fresh
     process: which ops' bits it changes (where this CPU can run that choice)."""
     pinned = {k: v for k, v in os.environ.items() if k != KERNELS_ENV}
-    pinned.update(INSTRUCTION_SET_ENV)
+    pinned.update(INSTRUCTION_SET_ENV, **{KERNELS_ENV: "environment"})  # each switch exactly as set below
     code = ("import json, sys, dpnrepro.kernel_fingerprint as k; "
             "print(json.dumps(k.fingerprint(onednn_convolutions=sys.argv[1] == '1')))")
 

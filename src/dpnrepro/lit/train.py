@@ -150,8 +150,8 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
         raise UserError(f"lit.train.batch_size ({cfg.batch_size}) is not divisible by the {ctx.world_size} "
                         "processes (runtime.devices)")
     lit.to(device).train()
-    # requires_grad only, so the locked image tower is left out; fused as LiT has always run (CPU too).
-    optimizer = build_optimizer(lit, cfg, fused=True, no_decay=TEXT_NO_DECAY)
+    # requires_grad only, so the locked image tower is left out
+    optimizer = build_optimizer(lit, cfg, no_decay=TEXT_NO_DECAY)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule_multiplier(
         s, total=cfg.steps, warmup=cfg.warmup_steps, kind=cfg.schedule))
     curves = Curves(live)  # the dvclive curves, kept in every checkpoint (a resume logs them again)

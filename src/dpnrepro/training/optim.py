@@ -21,7 +21,7 @@ def decay_mask(model, no_decay: tuple[str, ...] = NO_DECAY_NAMES) -> dict[str, b
     return {name: p.ndim >= 2 and not any(k in name for k in no_decay) for name, p in named}
 
 
-def build_optimizer(model: nn.Module, cfg, fused: bool = False, *,
+def build_optimizer(model: nn.Module, cfg, *, fused: bool = True,
                     no_decay: tuple[str, ...] = NO_DECAY_NAMES) -> torch.optim.Optimizer:
     """Adam / AdamW / momentum SGD for the TrainParams ``cfg``.
 
@@ -34,8 +34,13 @@ def build_optimizer(model: nn.Module, cfg, fused: bool = False, *,
     ``adamw`` is DeiT's (λ multiplies the lr, PyTorch convention). ``sgd_momentum`` is big_vision's
     ``momentum_hp`` (momentum 0.9, decay off unless weight_decay > 0) used for fine-tuning (appendix D).
 
-    ``fused``: torch's fused kernels (one launch per parameter group; CUDA) instead of the for-each path;
-    the same update, rounded differently, so CPU results keep the for-each path.
+    Adam/AdamW run torch's fused kernel on every device (one kernel per parameter group). On the CPU its
+    arithmetic is ATen's vectorized code (IEEE multiply, add, divide, square root), the same on every x86
+    CPU under the AVX2 pin; torch's single-tensor and for-each CPU paths take the square root of the
+    second moment from MKL's vector math (VML), which is not correctly rounded and follows MKL's
+    CPU-dependent code branch, so their bits differ between Intel and AMD (docs/determinism.md). SGD
+    (multiply-adds only) is fused where the parameters are on CUDA. ``fused=False``: torch's default path
+    instead (the benchmarks' compiled-optimizer contender).
 
     Only parameters with ``requires_grad`` are optimized (LiT's locked image tower is not);
     ``no_decay``: see :func:`decay_mask` (LiT's text tower names its own embedding tables).
@@ -50,7 +55,8 @@ def build_optimizer(model: nn.Module, cfg, fused: bool = False, *,
     groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer in ("adam", "adamw"):
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None)
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, fused=fused or None)
+    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, fused=(fused and on_cuda) or None)
 
 
 def schedule_multiplier(step: int, *, total: int, warmup: int, kind: str) -> float:

@@ -119,8 +119,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         model = init(model) or model
     par = distributed.Parallel(model.to(device), ctx, runtime.parallel)
     model = par.core
-    # Fused (one kernel per parameter group) on CUDA; the CPU keeps the for-each path its results were made with.
-    optimizer = build_optimizer(model, train_cfg, fused=device.type == "cuda" and not par.fsdp)
+    optimizer = build_optimizer(model, train_cfg)
     scheduler = build_scheduler(optimizer, train_cfg)
     fp_parts = [asdict(spec), input_cfg.model_dump(), train_cfg.model_dump(), seed,
                 train_ds._fingerprint, code_fingerprint()]
