@@ -149,3 +149,20 @@ def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(
     with pytest.raises(UserError, match=expect) as info:
         figures.read_grad_norms(tmp_path / "runs/table1/Mu-7_dpn_s0")
     assert "stem.tsv" in str(info.value) and "dvc checkout train-table1" in str(info.value)
+
+
+def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked_outputs(tmp_path):
+    from dpnrepro.cli import restore_hint
+
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  prepare:\n    cmd: x\n    outs:\n    - data/prepared\n"
+        "  table1:\n    cmd: x\n    outs:\n    - reports/table1.md:\n        cache: false\n"
+        "    metrics:\n    - metrics/headline/table1.json:\n        cache: false\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/dvc.yaml").write_text("stages:\n  bench:\n    cmd: x\n    outs:\n    - out.json:\n        persist: true\n")
+    env = {"DVC_ROOT": str(tmp_path)}
+    assert restore_hint(env) == ""  # not under dvc repro: nothing was removed
+    assert restore_hint({**env, "DVC_STAGE": "prepare"}).endswith("; `dvc checkout prepare` restores them)")
+    assert restore_hint({**env, "DVC_STAGE": "table1"}).endswith(
+        "; `git checkout -- reports/table1.md metrics/headline/table1.json` restores them)")
+    assert restore_hint({**env, "DVC_STAGE": "sub/dvc.yaml:bench"}) == ""  # persist: DVC keeps it
