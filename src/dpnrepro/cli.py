@@ -76,8 +76,8 @@ _FAULTS = {
     errno.EFBIG: ("file too large for the file-size limit (`ulimit -f`) or the file system",
                   "raise the limit or write to another file system"),
     errno.EROFS: ("read-only file system", "make it writable or run in a writable copy of the project"),
-    errno.EACCES: ("permission denied", "make it writable for you (chmod / chown) or run in a writable copy"),
-    errno.EPERM: ("operation not permitted", "make it writable for you (chmod / chown) or run in a writable copy"),
+    errno.EACCES: ("permission denied", "give yourself access (chmod / chown) or run in a writable copy"),
+    errno.EPERM: ("operation not permitted", "give yourself access (chmod / chown) or run in a writable copy"),
 }
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
 
