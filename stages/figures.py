@@ -4,12 +4,15 @@ per-layer gradient norms from the trainer's dvclive logs (Fig. 2, 4) and DPN's f
 
 from dpnrepro.cli import stage
 from dpnrepro.config.params import load_params
+from dpnrepro.io import all_or_nothing
 from dpnrepro.reports.figures import build_figures
 
 
 @stage
 def main() -> None:
-    print("wrote " + ", ".join(map(str, build_figures(load_params().figures))))
+    with all_or_nothing():  # every figure, table and summary, or none
+        written = build_figures(load_params().figures)
+    print("wrote " + ", ".join(map(str, written)))
 
 
 if __name__ == "__main__":

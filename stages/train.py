@@ -15,6 +15,7 @@ import argparse
 
 from dpnrepro.cli import stage
 from dpnrepro.config.params import load_params
+from dpnrepro.config.sweeps import get_sweep
 from dpnrepro.errors import ParamsError
 from dpnrepro.runs import Run
 from dpnrepro.training.run import train_stage
@@ -33,8 +34,21 @@ def main() -> None:
     one_run = (args.arch, args.stem, args.seed)
     if any(v is None for v in one_run) and not all(v is None for v in one_run):
         raise ParamsError("give all of --arch, --stem and --seed (one run) or none of them (the whole sweep)")
+    run = None if args.arch is None else one_run_of(params, args.sweep, Run(args.arch, args.stem, args.seed, args.variant))
     # runtime.devices > 1 outside torchrun: launches the job's processes, then exits
-    train_stage(params, args.sweep, None if args.arch is None else Run(args.arch, args.stem, args.seed, args.variant))
+    train_stage(params, args.sweep, run)
+
+
+def one_run_of(params, sweep: str, run: Run) -> Run:
+    """``run`` when the params define it in ``sweep``; else ParamsError naming the flag and its valid values
+    (a one-run invocation writes into the sweep's DVC output only a run the params define)."""
+    sw = get_sweep(params, sweep)
+    for flag, value, valid in (("--arch", run.arch, sw.archs), ("--stem", run.stem, sw.stems),
+                               ("--seed", run.seed, sw.seeds), ("--variant", run.variant, list(sw.variants) or [""])):
+        if value not in valid:
+            choices = ", ".join(str(v) for v in valid) if valid != [""] else "none (leave --variant out)"
+            raise ParamsError(f"{flag} {value!r} is not a run of sweep {sweep!r} in params.yaml; choose from {choices}")
+    return run
 
 
 if __name__ == "__main__":

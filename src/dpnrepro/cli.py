@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import re
 import sys
+from pathlib import Path
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -23,8 +26,11 @@ def offline_defaults() -> None:
 
 def stage(main):
     """Decorator for stage entry points: offline, fixed CPU threads (cpu_determinism); a :class:`UserError`
-    becomes ``error: <one line>`` and exit 2; in a worker of a multi-process job, a collective broken by
-    another process's death becomes one line and exit 1 (training/launch.py)."""
+    or a fault of the machine the user can fix (full disk, file-size limit, read-only or unwritable output
+    folder: :func:`fault_message`) becomes ``error: <one line>`` and exit 2, followed under ``dvc repro`` by
+    how to restore the outputs DVC removed before running the stage (:func:`restore_hint`); in a worker of a
+    multi-process job, a collective broken by another process's death becomes one line and exit 1
+    (training/launch.py)."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -37,19 +43,15 @@ def stage(main):
         try:
             return main(*args, **kwargs)
         except UserError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
+            _fail(str(exc))
         except KeyboardInterrupt:
             print("interrupted; rerun `dvc repro` to resume from the last checkpoint", file=sys.stderr)
             sys.exit(130)
-        except OSError as exc:
-            if exc.errno == 28:  # ENOSPC
-                print(f"error: no space left on device while writing {exc.filename or 'output'}; "
-                      "free disk space and rerun `dvc repro` (completed checkpoints are kept)", file=sys.stderr)
-                sys.exit(2)
-            raise
-        except RuntimeError as exc:
-            if not peer_failure(exc):
+        except Exception as exc:
+            message = fault_message(exc)
+            if message is not None:
+                _fail(message)
+            if not (isinstance(exc, RuntimeError) and peer_failure(exc)):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             print(f"error: rank {os.environ.get('RANK')} stopped: another process of the job failed ({first})",
@@ -57,6 +59,92 @@ def stage(main):
             sys.exit(1)
 
     return wrapper
+
+
+def _fail(message: str) -> None:
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):  # the error starts its own line
+        bar.close()
+    print(f"error: {message}{restore_hint()}", file=sys.stderr)
+    sys.exit(2)
+
+
+# errno values of the faults fault_message names, and what the user does about each
+_FAULTS = {
+    errno.ENOSPC: ("no space left on device", "free disk space"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota"),
+    errno.EFBIG: ("file too large for the file-size limit (`ulimit -f`) or the file system",
+                  "raise the limit or write to another file system"),
+    errno.EROFS: ("read-only file system", "make it writable or run in a writable copy of the project"),
+    errno.EACCES: ("permission denied", "give yourself access (chmod / chown) or run in a writable copy"),
+    errno.EPERM: ("operation not permitted", "give yourself access (chmod / chown) or run in a writable copy"),
+}
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
+
+
+def fault_errno(exc: BaseException) -> int | None:
+    """The errno of a write fault behind ``exc``: an OSError's own, or the ``(os error N)`` that Rust
+    libraries (safetensors' ``SafetensorError``) and ``[Errno N]`` that wrappers put in their message,
+    following ``__cause__`` / ``__context__``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FAULTS:
+            return exc.errno
+        match = _OS_ERROR_IN_TEXT.search(str(exc))
+        if match and int(match.group(1) or match.group(2)) in _FAULTS:
+            return int(match.group(1) or match.group(2))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def fault_message(exc: BaseException) -> str | None:
+    """One line for a fault of the machine the user can fix (:data:`_FAULTS`), naming the output being
+    written (io.mark_target) or the file; None for anything else."""
+    code = fault_errno(exc)
+    if code is None:
+        return None
+    what, fix = _FAULTS[code]
+    target, filename = getattr(exc, "dpnrepro_target", None), getattr(exc, "filename", None)
+    where = f" while writing {target}" if target else f": {filename}" if filename else ""
+    kept = " (completed checkpoints and outputs are kept; nothing half-written remains)" \
+        if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    return f"{what}{where}; {fix} and rerun{kept}"
+
+
+def restore_hint(env=os.environ) -> str:
+    """Under ``dvc repro`` (``DVC_STAGE`` set): DVC removed the stage's outputs before running it; how to get
+    the previous ones back (``dvc checkout`` for cached outputs, ``git checkout`` for git-tracked ones)."""
+    name = env.get("DVC_STAGE")
+    if not name:
+        return ""
+    cached, tracked = stage_outputs(name, Path(env.get("DVC_ROOT", ".")))
+    ways = ([f"`dvc checkout {name}`"] if cached else []) + \
+        ([f"`git checkout -- {' '.join(tracked)}`"] if tracked else [])
+    if not ways:
+        return ""
+    return f" (dvc removed this stage's previous outputs before running it; {' and '.join(ways)} restores them)"
+
+
+def stage_outputs(name: str, root: Path) -> tuple[list[str], list[str]]:
+    """``(cached, git-tracked)`` output paths of stage ``name`` (``dvc.yaml`` or ``<dir>/dvc.yaml:<stage>``)."""
+    import yaml
+
+    file, _, stage_name = name.rpartition(":")
+    try:
+        body = yaml.safe_load((root / (file or "dvc.yaml")).read_text())["stages"][stage_name]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return [], []
+    prefix = str(Path(file).parent) if file and Path(file).parent != Path(".") else ""
+    cached, tracked = [], []
+    for key in ("outs", "metrics", "plots"):
+        for out in body.get(key) or []:
+            path, opts = (out, {}) if isinstance(out, str) else next(iter(out.items()))
+            if (opts or {}).get("persist"):
+                continue
+            full = f"{prefix}/{path}" if prefix else path
+            (tracked if (opts or {}).get("cache", True) is False else cached).append(full)
+    return cached, tracked
 
 
 # How gloo / NCCL report a peer that went away mid-collective (the peer printed its own error).

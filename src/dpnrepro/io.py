@@ -1,13 +1,33 @@
-"""Atomic file and directory writes: a failed stage never leaves a half-written output behind."""
+"""Atomic file and directory writes: a failed stage never leaves a half-written output behind.
+
+Outputs get the modes of ordinary files and folders under the process's umask (0644 / 0755 under umask
+022), not the private 0600 / 0700 of ``tempfile``, so a team sharing a server can read them. Inside
+:func:`all_or_nothing` the files written are renamed into place together at the end of the block, or
+none of them is.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+# The files staged by the innermost all_or_nothing() block: [(temporary, final path)], or None outside one.
+_pending: contextvars.ContextVar[list | None] = contextvars.ContextVar("_pending", default=None)
+
+
+def umask() -> int:
+    """The process's umask (read without a window in which it is changed, where Linux allows)."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("Umask:")), 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(path: Path) -> None:
@@ -19,20 +39,53 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def share_tree(root: Path) -> None:
+    """Give every folder and file under ``root`` the ordinary modes under the umask (0755 / 0644 under 022):
+    libraries that write private files (safetensors writes 0600) do not decide who can read an output."""
+    mask = umask()
+    os.chmod(root, 0o777 & ~mask)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(folder, name), 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~mask)
+
+
+def mark_target(exc: BaseException, path: Path) -> None:
+    """Record on ``exc`` the output that was being written when it was raised (the innermost one wins), so
+    that the stage's one-line error can name it (cli.stage)."""
+    if getattr(exc, "dpnrepro_target", None) is None:
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.dpnrepro_target = str(path)
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place (inside
+    :func:`all_or_nothing`: at the end of the block)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except BaseException as exc:
+        mark_target(exc, path)
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~umask())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        pending = _pending.get()
+        if pending is not None:
+            pending.append((tmp, path))
+            return
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        mark_target(exc, path)
         raise
     _fsync_dir(path.parent)
 
@@ -47,15 +100,64 @@ def write_json_atomic(path: str | os.PathLike, obj) -> None:
 
 
 @contextlib.contextmanager
+def all_or_nothing():
+    """Files written with :func:`write_bytes_atomic` (and its text / JSON forms) inside the block replace
+    their paths together when the block ends, or, if the block or any rename fails, none does (the
+    replaced ones get their previous contents back). A block inside another joins the outer one."""
+    if _pending.get() is not None:
+        yield
+        return
+    pending: list = []
+    token = _pending.set(pending)
+    try:
+        yield
+    except BaseException:
+        for tmp, _ in pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    finally:
+        _pending.reset(token)
+    done: list[tuple[Path, Path | None]] = []  # (path, its previous contents moved aside, or None)
+    try:
+        for tmp, path in pending:
+            backup = None
+            if path.exists():
+                backup = path.with_name(f".{path.name}.previous")
+                os.replace(path, backup)
+            done.append((path, backup))
+            os.replace(tmp, path)
+    except BaseException as exc:
+        for path, backup in reversed(done):
+            with contextlib.suppress(OSError):
+                os.replace(backup, path) if backup is not None else os.unlink(path)
+        for tmp, _ in pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        mark_target(exc, path)
+        raise
+    for path, backup in done:
+        if backup is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(backup)
+        _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike):
     """Yield a temporary directory that replaces ``path`` only if the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed earlier attempt
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed earlier attempt
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except BaseException as exc:
+        mark_target(exc, path)
+        raise
     try:
         yield tmp
+        share_tree(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -65,6 +167,7 @@ def atomic_dir(path: str | os.PathLike):
         else:
             os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        mark_target(exc, path)
         raise

@@ -4,15 +4,25 @@ recipe every sweep starts from, and the helpers the other config modules share."
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILES = ("smoke", "mini", "full")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # `lr: .inf` is no number
+
+
+def _rep_size(value: bool | int) -> bool | int:
+    if not isinstance(value, bool) and value < 0:
+        raise ValueError(f"rep_size is true (the model's width), false or 0 (no pre-logits layer) or a positive "
+                         f"width; got {value}")
+    return value
+
+
+RepSize = Annotated[bool | int, AfterValidator(_rep_size)]
 
 
 class DataParams(_Section):
@@ -116,7 +126,7 @@ class ModelParams(_Section):
 
     pool: Literal["tok", "gap"] = "tok"
     posemb: Literal["learn", "sincos2d"] = "learn"
-    rep_size: bool | int = True
+    rep_size: RepSize = True
     placement: str = "pre-pre"
     block_norm: Literal["ln", "dtn"] = Field("ln", description=(
         "the blocks' residual-stream normalizer: ln (LayerNorm) or dtn (Dynamic Token Normalization)"))

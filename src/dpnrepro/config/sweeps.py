@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from dpnrepro.config.core import (DataParams, InputParams, ModelParams, TrainParams, _merge, _Section,
+from dpnrepro.config.core import (DataParams, InputParams, ModelParams, TrainParams, RepSize, _merge, _Section,
                                   parse_arch_checked)
 from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.errors import ParamsError
@@ -103,7 +103,7 @@ class ArchOverride(_Section):
 
     dropout: float | None = Field(None, ge=0, lt=1)
     stoch_depth: float | None = Field(None, ge=0, lt=1)
-    rep_size: bool | int | None = None
+    rep_size: RepSize | None = None
     randaug: str | None = None
     mixup: float | None = Field(None, ge=0)
 

@@ -122,12 +122,19 @@ class ScratchParams(_Section):
 
 
 def transfer_config(params: Params, recipe: RecipeParams, **train_delta) -> tuple[InputParams, ModelParams, TrainParams]:
-    """Top-level input/model/train + ``recipe``'s deltas (+ ``train_delta``), validated."""
-    try:
-        return (_merge(params.input, recipe.input, InputParams), _merge(params.model, recipe.model, ModelParams),
-                _merge(params.train, {**recipe.train, **train_delta}, TrainParams))
-    except ValidationError as exc:
-        raise ValueError(_describe(exc)) from None
+    """Top-level input/model/train + ``recipe``'s deltas (+ ``train_delta``), validated; a bad value is
+    reported at its key in the recipe (``vtab.recipe.input: ...``)."""
+    where = next((f"{name}.recipe" for name in ("vtab", "sun397_scratch")
+                  if getattr(getattr(params, name, None), "recipe", None) is recipe), "recipe")
+    merged = []
+    for section, top, delta, cls in (("input", params.input, recipe.input, InputParams),
+                                     ("model", params.model, recipe.model, ModelParams),
+                                     ("train", params.train, {**recipe.train, **train_delta}, TrainParams)):
+        try:
+            merged.append(_merge(top, delta, cls))
+        except ValidationError as exc:
+            raise ValueError(_describe(exc, f"{where}.{section}")) from None
+    return tuple(merged)
 
 
 def vtab_config(params: Params, lr: float) -> tuple[InputParams, ModelParams, TrainParams]:

@@ -86,7 +86,11 @@ def load_split(prepared_dir: str | Path, split: str):
     path = Path(prepared_dir) / split
     if not path.exists():
         raise DatasetError(f"prepared split {path} does not exist; run `dvc repro prepare` first")
-    ds = datasets.load_from_disk(str(path))
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # pyarrow and datasets raise many types for a damaged split
+        raise DatasetError(f"prepared split {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); rerun "
+                           "`dvc repro prepare` or restore it with `dvc checkout prepare`") from None
     if "image" in ds.column_names or "path" not in ds.column_names:
         return ds
     from dpnrepro.data.prepare import load_manifest  # data.storage: source, an index of the source's files

@@ -79,6 +79,11 @@ class PixelStore:
         if not (store_dir / INDEX_FILE).exists():
             raise DatasetError(f"no pixel store at {store_dir}; set data.pixel_store_side and rerun `dvc repro prepare`")
         self.index = np.load(store_dir / INDEX_FILE)
+        need = int((self.index[:, 0] + self.index[:, 1:].prod(axis=1)).max(initial=0))
+        have = (store_dir / PIXELS_FILE).stat().st_size if (store_dir / PIXELS_FILE).exists() else 0
+        if have != need:
+            raise DatasetError(f"pixel store {store_dir / PIXELS_FILE} holds {have} bytes, its index {need} (truncated "
+                               "or replaced); rerun `dvc repro prepare` or restore it with `dvc checkout prepare`")
         self.pixels = np.memmap(store_dir / PIXELS_FILE, dtype=np.uint8, mode="r")
 
     def __len__(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,12 @@ def prepare_dataset(cfg: dict, out_dir: str | Path, workers: int = 0) -> dict:
     if cfg.get("eval_split") is not None:
         wanted["val"] = cfg["eval_split"]
     indexed = cfg.get("storage", "copy") == "source"
+    if cfg["format"] == "imagefolder":
+        from dpnrepro.data.source_index import skipped_entries
+
+        note = skipped_entries(cfg["source"], wanted)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     if indexed:  # an index of the files, read from the source at training time (data/source_index.py)
         from dpnrepro.data.source_index import index_image_folder
 
@@ -293,4 +300,8 @@ def load_manifest(prepared_dir: str | Path) -> dict:
     path = Path(prepared_dir) / "manifest.json"
     if not path.exists():
         raise DatasetError(f"no prepared dataset at {prepared_dir} (missing manifest.json); run `dvc repro prepare`")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path} is not valid JSON ({exc}; truncated?); rerun `dvc repro prepare` or restore it "
+                           "with `dvc checkout prepare`") from None

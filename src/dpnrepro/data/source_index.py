@@ -53,6 +53,31 @@ def _listing(split_dir: Path) -> dict[str, list[str]]:
     return out
 
 
+def skipped_entries(source: str | os.PathLike, splits: dict[str, str]) -> str | None:
+    """What a class-folder image folder holds that no split will read, as one note (``None`` if nothing): files
+    that are not images (a stray README.txt) and empty class folders, each counted, the first of each named."""
+    root = Path(source)
+    strays, empty = [], []
+    for src in splits.values():
+        if not (root / src).is_dir():
+            continue
+        with os.scandir(root / src) as entries:
+            classes = sorted(e.name for e in entries if e.is_dir())
+        for c in classes:
+            with os.scandir(root / src / c) as entries:
+                files = [e.name for e in entries if e.is_file()]
+            if not files:
+                empty.append(f"{src}/{c}")
+            strays += [f"{src}/{c}/{f}" for f in sorted(files)
+                       if Path(f).suffix.lower() not in IMAGE_SUFFIXES and not f.startswith("metadata.")]
+    parts = [f"{len(found)} {one if len(found) == 1 else many} ({found[0]}{', ...' if len(found) > 1 else ''})"
+             for found, one, many in ((strays, "file that is not an image", "files that are not images"),
+                                      (empty, "empty class folder", "empty class folders")) if found]
+    if not parts:
+        return None
+    return f"image folder {root}: skipped " + " and ".join(parts)
+
+
 METADATA = "metadata.jsonl"  # datasets' imagefolder metadata file, the form this index reads
 OTHER_METADATA = ("metadata.csv", "metadata.parquet")  # datasets reads these too; this index does not
 

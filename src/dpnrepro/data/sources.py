@@ -80,6 +80,10 @@ def load_idx(root: str | os.PathLike, split: str) -> tuple[np.ndarray, np.ndarra
     return images, labels
 
 
+# our split name -> the params key (DataParams) naming its split in the source
+SPLIT_KEYS = {"train": "train_split", "val": "eval_split"}
+
+
 def load_source(fmt: str, source: str, splits: dict[str, str]) -> dict:
     """Load the raw splits named in ``splits`` ({our name: source split}) as ``datasets.Dataset``s.
 
@@ -126,10 +130,11 @@ def load_source(fmt: str, source: str, splits: dict[str, str]) -> dict:
             else ""
         )
         raise DatasetError(f"cannot load {fmt} dataset {source!r}: {type(exc).__name__}: {exc}{hint}") from exc
-    missing = [s for s in splits.values() if s not in ds]
+    missing = {name: s for name, s in splits.items() if s not in ds}
     if missing:
+        keys = " / ".join(f"data.{SPLIT_KEYS.get(name, name)}" for name in missing)
         raise DatasetError(
-            f"dataset {source!r} has no split(s) {missing}; it has {sorted(ds)}; fix data.splits"
+            f"dataset {source!r} has no split(s) {list(missing.values())}; it has {sorted(ds)}; fix {keys}"
         )
     out = {}
     for name, src_split in splits.items():

@@ -35,14 +35,25 @@ GRAD_DIR = Path("dvclive/plots/metrics/grad_norm")
 def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
     """{layer: {step: norm}} from a run's dvclive logs (layers: ``stem``, ``block_00``, ...)."""
     folder = Path(run_path) / GRAD_DIR
+    sweep, run = Path(run_path).parts[-2:]
     if not folder.is_dir():  # a run directory written without its curves (before restores kept them)
-        sweep, run = Path(run_path).parts[-2:]
         raise UserError(f"{folder} is missing: the run has no gradient-norm logs. Retrain it without its resume "
                         f"state: `rm -rf checkpoints/{sweep}/{run} && dvc repro -f -s train-{sweep} && dvc repro`")
+    restore = f"restore the run with `dvc checkout train-{sweep}` or retrain it (`dvc repro -f -s train-{sweep}`)"
     out = {}
     for tsv in sorted(folder.glob("*.tsv")):
-        rows = list(csv.DictReader(io.StringIO(tsv.read_text()), delimiter="\t"))
-        out[tsv.stem] = {int(r["step"]): float(r[tsv.stem]) for r in rows}
+        series = {}
+        for line, row in enumerate(csv.DictReader(io.StringIO(tsv.read_text()), delimiter="\t"), start=2):
+            try:
+                series[int(row["step"])] = float(row[tsv.stem])
+            except (KeyError, TypeError, ValueError):
+                raise UserError(f"{tsv} is truncated or malformed at line {line}; {restore}") from None
+        out[tsv.stem] = series
+    last = {layer: max(series, default=-1) for layer, series in out.items()}
+    short = sorted(layer for layer, step in last.items() if step < max(last.values(), default=-1))
+    if short:
+        raise UserError(f"{folder / short[0]}.tsv ends at step {last[short[0]]}, the run's other layers at step "
+                        f"{max(last.values())}: the file is truncated; {restore}")
     return out
 
 

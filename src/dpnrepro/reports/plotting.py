@@ -18,24 +18,32 @@ def pyplot():
 
 def save_png(fig, path: Path) -> None:
     """Write ``fig`` to ``path`` atomically, without the version stamp (byte-identical across matplotlib builds)."""
+    import io
+
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, metadata={"Software": None})
+    from dpnrepro.io import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)
-    tmp.replace(path)
+    write_bytes_atomic(path, buf.getvalue())
 
 
 def read_metrics(path: Path, stage: str) -> dict:
-    """The metrics JSON a report is built from; a one-line error naming the stage that writes it if missing."""
+    """The metrics JSON a report is built from; a one-line error naming the stage that writes it if missing
+    or unreadable."""
     import json
 
     from dpnrepro.errors import UserError
 
     if not path.exists():
         raise UserError(f"{path} is missing; run `dvc repro {stage}` first")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}; truncated?); rebuild it with `dvc repro --force {stage}` "
+                        f"or restore it with `dvc checkout {stage}`") from None
 
 
 def finish_delta_axes(axes) -> None:
@@ -50,16 +58,17 @@ def write_report(name: str, markdown: str, draw: Callable[[Path], None], summary
                  metrics_dir: Path, reports_dir: Path) -> list[Path]:
     """Write ``reports/<name>.md``, ``reports/<name>.png`` (``draw(path)``, which saves through :func:`save_png`),
     ``metrics/<name>_summary.json`` and beside it its headline numbers ``metrics/headline/<name>.json``
-    (:mod:`dpnrepro.reports.headline`), each atomically; returns the paths of the first three."""
-    from dpnrepro.io import write_json_atomic, write_text_atomic
+    (:mod:`dpnrepro.reports.headline`), all four or none (:func:`dpnrepro.io.all_or_nothing`); returns the paths
+    of the first three."""
+    from dpnrepro.io import all_or_nothing, write_json_atomic, write_text_atomic
     from dpnrepro.reports.headline import write_headline
 
-    reports_dir.mkdir(exist_ok=True)
     md, png, out = reports_dir / f"{name}.md", reports_dir / f"{name}.png", metrics_dir / f"{name}_summary.json"
-    write_text_atomic(md, markdown)
-    draw(png)
-    write_json_atomic(out, summary)
-    write_headline(name, headline, metrics_dir)
+    with all_or_nothing():
+        write_text_atomic(md, markdown)
+        draw(png)
+        write_json_atomic(out, summary)
+        write_headline(name, headline, metrics_dir)
     return [md, png, out]
 
 

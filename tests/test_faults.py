@@ -1,0 +1,242 @@
+"""Each row of reports/reliability.md caused for real in a scratch project: a full disk (a small tmpfs), a
+file-size limit (RLIMIT_FSIZE), a read-only folder, truncated files, bad params and flags. The stage must
+print one ``error: ...`` line, exit 2 and leave nothing half-written; outputs honour the umask."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import FMNIST, REPO, copy_project, git_init, run, tiny_params, write_params
+
+pytestmark = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+
+ONE_RUN = ["--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
+
+
+def one_run_params() -> dict:
+    """tiny_params with Table 1's first block only: the data section and one sweep (prepare in seconds)."""
+    from dpnrepro.config.params import SECTIONS
+    from dpnrepro.config.sweeps import SWEEPS
+
+    params = tiny_params()
+    for name in [*SWEEPS, *SECTIONS, "data_i21k", "data_jft"]:
+        if name not in ("table1", "figures", "benchmark", "transfer_data"):
+            params.pop(name, None)
+    return params
+
+
+def stage(project: Path, *args: str, limit_bytes: int | None = None) -> subprocess.CompletedProcess:
+    """``python stages/<args>`` in ``project`` under umask 022 (and a file-size limit, when given)."""
+    def child():
+        os.umask(0o022)
+        if limit_bytes is not None:  # Python ignores SIGXFSZ, so an over-long write fails with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return run([sys.executable, *args], project, check=False, preexec_fn=child)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The stage's one error line (exit 2, no traceback); progress bars may come before it."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr[-3000:]
+    return errors[0]
+
+
+def leftovers(root: Path) -> list[Path]:
+    """Temporary files or folders of the atomic writers under ``root``."""
+    return [p for p in root.rglob(".*") if p.name.endswith((".tmp", ".old", ".previous"))]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A project copy with one sweep's data prepared (once for the module)."""
+    project = copy_project(tmp_path_factory.mktemp("faults") / "p")
+    write_params(project, one_run_params())
+    run([sys.executable, "stages/prepare.py"], project, preexec_fn=lambda: os.umask(0o022))
+    return project
+
+
+@pytest.fixture()
+def project(prepared, tmp_path) -> Path:
+    return Path(shutil.copytree(prepared, tmp_path / "p", symlinks=True))
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` read-only for this process: chmod 0555, or for root (whom modes do not stop) a read-only
+    bind mount (skips where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield "permission denied"
+        finally:
+            path.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without permission to mount: no way to make a folder read-only")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True, capture_output=True)
+        yield "read-only file system"
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_atomic_writers_honour_the_umask(tmp_path, mask):
+    import torch
+    from safetensors.torch import save_file
+
+    from dpnrepro.io import atomic_dir, write_json_atomic
+
+    old = os.umask(mask)
+    try:
+        write_json_atomic(tmp_path / "a.json", {})
+        with atomic_dir(tmp_path / "run") as tmp:
+            save_file({"w": torch.zeros(2)}, str(tmp / "model.safetensors"))  # safetensors writes 0600
+            (tmp / "sub").mkdir()
+    finally:
+        os.umask(old)
+    for f in ("a.json", "run/model.safetensors"):
+        assert mode(tmp_path / f) == 0o666 & ~mask, f
+    for d in ("run", "run/sub"):
+        assert mode(tmp_path / d) == 0o777 & ~mask, d
+
+
+def test_a_trained_run_and_prepared_data_are_readable_by_the_team(project):
+    stage(project, "stages/train.py", *ONE_RUN)
+    run_dir = project / "runs/table1/Mu-7_dpn_s0"
+    for folder in (project / "data/prepared", run_dir, project / "checkpoints/table1/Mu-7_dpn_s0"):
+        assert mode(folder) == 0o755, folder
+        files = [f for f in folder.rglob("*") if f.is_file()]
+        assert files and all(mode(f) == 0o644 for f in files), [(f, oct(mode(f))) for f in files if mode(f) != 0o644]
+
+
+def test_file_size_limit_while_checkpointing_is_one_line_and_writes_nothing(project):
+    # the first checkpoint's optimizer state (1.7 MB for Mu/7) exceeds the limit: safetensors raises
+    # SafetensorError ("os error 27"), not an OSError
+    line = error_line(stage(project, "stages/train.py", *ONE_RUN, limit_bytes=1_000_000))
+    assert "file too large" in line and "while writing checkpoints/table1/Mu-7_dpn_s0" in line, line
+    assert not (project / "runs/table1/Mu-7_dpn_s0").exists()
+    assert not (project / "checkpoints/table1/Mu-7_dpn_s0").exists()
+    assert not leftovers(project / "checkpoints") and not leftovers(project / "runs")
+
+
+def test_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkpoint(project):
+    """A real ENOSPC: a 4 MB tmpfs holds one checkpoint (2.5 MB) but not the next beside it."""
+    ckpt = project / "checkpoints/table1"
+    ckpt.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ckpt)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs is not allowed here (root only)")
+    try:
+        line = error_line(stage(project, "stages/train.py", *ONE_RUN))
+        assert line.startswith("error: no space left on device while writing checkpoints/table1/Mu-7_dpn_s0"), line
+        meta = yaml.safe_load((ckpt / "Mu-7_dpn_s0/meta.json").read_text())
+        assert meta["step"] == 4, "the previous complete checkpoint must survive a failed write"
+        assert not leftovers(ckpt) and not (project / "runs/table1/Mu-7_dpn_s0").exists()
+    finally:
+        subprocess.run(["umount", str(ckpt)], check=True)
+
+
+def test_read_only_output_folder_is_one_line_before_training(project):
+    with read_only(project / "runs/table1") as says:
+        line = error_line(stage(project, "stages/train.py", *ONE_RUN))
+    assert line.startswith(f"error: {says} while writing runs/table1/Mu-7_dpn_s0"), line
+    assert not (project / "checkpoints/table1/Mu-7_dpn_s0").exists(), "it must fail before training"
+
+
+@pytest.mark.parametrize("flag, value, expect", [
+    ("--arch", "Mu/7", "--arch 'Mu/7' is not a run of sweep 'table1' in params.yaml; choose from Mu-7"),
+    ("--stem", "dpnn", "--stem 'dpnn' is not a run of sweep 'table1' in params.yaml; choose from conv, dpn"),
+    ("--seed", "7", "--seed 7 is not a run of sweep 'table1' in params.yaml; choose from 0"),
+    ("--variant", "post-pre", "--variant 'post-pre' is not a run of sweep 'table1' in params.yaml; choose from none"),
+])
+def test_single_run_flags_name_only_runs_the_params_define(project, flag, value, expect):
+    args = list(ONE_RUN)
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    line = error_line(stage(project, "stages/train.py", *args))
+    assert expect in line, line
+    assert not (project / "runs").exists() and not (project / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("victim, expect", [
+    ("data/prepared/train_pixels/pixels.u8", "pixel store data/prepared/train_pixels/pixels.u8 holds"),
+    ("data/prepared/train/data-00000-of-00001.arrow", "prepared split data/prepared/train cannot be read"),
+    ("data/prepared/manifest.json", "data/prepared/manifest.json is not valid JSON"),
+])
+def test_truncated_prepared_file_is_one_line(project, victim, expect):
+    path = project / victim
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    line = error_line(stage(project, "stages/train.py", *ONE_RUN))
+    assert expect in line and "dvc repro prepare" in line, line
+    assert not (project / "runs/table1/Mu-7_dpn_s0").exists()
+
+
+@pytest.mark.parametrize("section, key, value, expect", [
+    ("model", "rep_size", -5, "model.rep_size: Value error, rep_size is true"),
+    ("train", "lr", float("inf"), "train.lr: Input should be a finite number"),
+])
+def test_values_the_schema_used_to_pass_are_one_line(project, section, key, value, expect):
+    params = one_run_params()
+    params[section][key] = value
+    write_params(project, params)
+    line = error_line(stage(project, "stages/train.py", *ONE_RUN))
+    assert expect in line, line
+    assert not (project / "runs").exists()
+
+
+def test_truncated_metrics_file_is_one_line_and_leaves_the_report(project):
+    metrics = project / "metrics/table1.json"
+    metrics.write_text(metrics.read_text()[:100])
+    before = (project / "reports/table1.md").read_bytes()
+    line = error_line(stage(project, "stages/table.py", "--table", "1"))
+    assert "metrics/table1.json is not valid JSON" in line and "evaluate-table1" in line, line
+    assert (project / "reports/table1.md").read_bytes() == before
+
+
+def test_report_stage_writes_all_its_files_or_none(project):
+    outputs = [project / p for p in ("reports/table1.md", "reports/table1.png", "metrics/table1_summary.json")]
+    for path in outputs:
+        path.unlink()
+    with read_only(project / "metrics/headline") as says:
+        line = error_line(stage(project, "stages/table.py", "--table", "1"))
+    assert line.startswith(f"error: {says} while writing metrics/headline/table1.json"), line
+    assert not [p for p in outputs if p.exists()], "a report's files are written all together or not at all"
+    assert not leftovers(project / "reports") and not leftovers(project / "metrics")
+    stage(project, "stages/table.py", "--table", "1")
+    assert all(p.exists() for p in outputs)
+
+
+def test_dvc_repro_failure_says_how_to_restore_the_outputs_dvc_removed(project):
+    """DVC deletes a stage's outputs before running its command; the error says how to get them back."""
+    git_init(project)
+    metrics = project / "metrics/table1.json"
+    metrics.write_text(metrics.read_text()[:100])
+    proc = run(["dvc", "repro", "--single-item", "table1"], project, check=False)
+    assert proc.returncode != 0
+    line = next(line for line in proc.stderr.splitlines() if line.startswith("error: "))
+    assert "dvc removed this stage's previous outputs before running it; `git checkout -- reports/table1.md " \
+           "reports/table1.png metrics/table1_summary.json metrics/headline/table1.json` restores them" in line, line
+    assert not (project / "reports/table1.md").exists(), "DVC removed it (else this test proves nothing)"
+    restore = line.split("`git checkout -- ")[1].split("`")[0].split()
+    run(["git", "checkout", "--", *restore], project)
+    assert (project / "reports/table1.md").read_bytes() == (REPO / "reports/table1.md").read_bytes()
