@@ -69,7 +69,7 @@ def test_the_optimizer_is_split_into_its_parts(pinned):
 
 # What MKL's branch (the choice that differs between Intel and AMD CPUs) may change: the GEMMs and MKL's
 # vector math. The optimizers must not depend on it: torch's default CPU AdamW does (its sqrt is MKL's).
-OPTIMIZER_PROBE = ("import json, sys, torch, dpnrepro.kernel_fingerprint as k; from types import SimpleNamespace; "
+OPTIMIZER_PROBE = ("import dpnrepro.kernel_fingerprint as k, json, torch; from types import SimpleNamespace; "
                    "from dpnrepro.training.optim import build_optimizer; k.pin_threads(); "
                    "out = k.optimizer_ops(); m = torch.nn.Linear(64, 256, bias=False); "
                    "o = build_optimizer(m, SimpleNamespace(optimizer='adamw', lr=1e-3, weight_decay=1e-4), fused=False); "

@@ -308,8 +308,8 @@ def _switch_sweep() -> dict:
 
 
 _COST_PROBE = """
-import json, time, torch, torch.nn.functional as F
 import dpnrepro.kernel_fingerprint as k
+import json, time, torch, torch.nn.functional as F
 k.pin_threads()
 t = time.perf_counter(); k.training_run(); train = time.perf_counter() - t
 x = torch.randn(8, 256, 32, 32, requires_grad=True); w = torch.randn(256, 256, 3, 3, requires_grad=True)
