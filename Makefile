@@ -36,8 +36,8 @@ profile:
 	$(BIN)/python -m dpnrepro.pipeline
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
 
-# The git-ignored folder a lent GPU machine gets through the GPU machine's `carry` list (benchmarks/measured/README.md):
-# the wheels the GPU image lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
+# .gpu_carry/ (git-ignored) for a GPU machine without network (benchmarks/measured/README.md): the wheels its
+# Python 3.12 + torch 2.11 environment lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
 gpu-carry: env
 	$(BIN)/python scripts/gpu_carry.py $(GPU_CARRY_ARGS)
 

@@ -97,6 +97,72 @@ def test_no_tracked_file_tells_the_projects_history():
                        + "\n".join(found))
 
 
+
+# ------------------------------------------------------------------------------ development machines --
+# What a user reads speaks of their machine, not of the machines this project was measured on: no lent
+# machines and what travels to them, no tool calls, no paths of one machine. Read: the user docs, the
+# measurement notes, the reports, the Makefile and the comments of requirements/*.txt.
+DEV_MACHINE_PATTERNS = {
+    "a lent machine": r"\blent\b|\bstill-warm\b",
+    "what travels to it": r"\bcarry`?\s+list\b|\bcarry=\[|\bcarried\s+folder\b|\ba\s+call\s+carries\b",
+    "its image": r"\b(GPU|CUDA|device|container)\s+image\b|\bKINDS\.md\b|\bdevice\s+entry\b",
+    "its time": r"\bdevice[- ]time\b",
+    "the development machines": r"\bdev\s+(VMs?|machines?|box(es)?)\b",
+    "a tool call": r"\brun\(\s*kind\s*=|\b(across|several|later)\s+calls\b|\bone-call\b|\b(fits?|in)\s+one\s+call\b"
+                   r"(?!\s*\()|\b(minutes\s+of|more\s+than|after)\s+a\s+call\b|\ba\s+call\s+holds\b",
+    "a path of one machine": r"(?<![\w.~$/-])/(work|home|root|Users)/[\w.-]",
+}
+DEV_MACHINE_RE = {name: re.compile(p, re.IGNORECASE) for name, p in DEV_MACHINE_PATTERNS.items()}
+
+
+def user_facing_files() -> list[str]:
+    """README.md, docs/, benchmarks/measured/README.md, reports/*.md (not the paper's), Makefile, requirements/*.txt."""
+    return ["README.md", "Makefile", "benchmarks/measured/README.md",
+            *sorted(p.relative_to(REPO).as_posix() for pattern in ("docs/*.md", "reports/*.md", "requirements/*.txt")
+                    for p in REPO.glob(pattern))]
+
+
+def dev_machine_phrases(text: str, comments_only: bool = False) -> list[tuple[int, str, str]]:
+    """(line, pattern name, matched text) of every development-machine phrase in ``text`` (in its ``#``
+    comments only, with ``comments_only``)."""
+    hits = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if comments_only:
+            line = line[line.index("#"):] if "#" in line else ""
+        hits += [(n, name, m.group(0)) for name, rx in DEV_MACHINE_RE.items() for m in rx.finditer(line)]
+    return hits
+
+
+def test_dev_machine_patterns_catch_the_machines_and_spare_the_vocabulary():
+    machine = ["a lent GPU machine", "through the GPU machine's `carry` list", "the wheels the GPU image lacks",
+               "costs device time", "the local CPU file on the dev machines", "on the shared dev VM",
+               'run(kind="nvidia-h100-x1", carry=[".gpu_carry"])', "split over several calls of a machine",
+               "resumable across calls", "Both fit one call.", "## The GPU tier in one call", "the one-call GPU run",
+               "budget minutes of a call for it", "more than a call holds", "the 64 MiB a call carries",
+               "--tmp /work/bench100k", "in /home/alice/data", "the device entry's KINDS.md list",
+               "on the still-warm machine"]
+    vocabulary = ["`eval_batches` calls `malloc_trim(0)`", "aten::mm: 3.43 ms, 100 calls", "the stage commands call `python`",
+                  "decodes the batch on the device in one call (nvJPEG)", "a GPU machine reproduces them",
+                  "the image's pixels", "/usr/share/datasets/fashion-mnist", "RES=/tmp/gpu_res", "~/.cache/dpnrepro",
+                  "make gpu-carry", "the statistics carry class information", "data/raw/imagefolder/train"]
+    for phrase in machine:
+        assert dev_machine_phrases(phrase), f"not caught: {phrase!r}"
+    for phrase in vocabulary:
+        assert not dev_machine_phrases(phrase), f"caught, but it is the project's vocabulary: {phrase!r}"
+    assert dev_machine_phrases("torch==2.14.1  # as on the dev machines", comments_only=True)
+    assert not dev_machine_phrases("lent==1.0", comments_only=True)
+
+
+def test_user_facing_files_speak_of_the_users_machine():
+    found = []
+    for rel in user_facing_files():
+        text = (REPO / rel).read_text(encoding="utf-8")
+        found += [f"{rel}:{line}: {match!r} ({name})"
+                  for line, name, match in dev_machine_phrases(text, comments_only=rel.startswith("requirements/"))]
+    assert not found, ("words of this project's development machines in what a user reads (say what a user runs on "
+                       "their machine):\n" + "\n".join(found))
+
+
 # ---------------------------------------------------------------------------- links and commands --
 DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
 LINK_RE = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
