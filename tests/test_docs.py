@@ -2,9 +2,12 @@
 docs page is reachable from the README, every command in their code blocks names a Makefile target, DVC
 stage, params key, script or module that exists, every repository path they quote exists, and no tracked
 file speaks of how the project was built (work sessions, issue numbers, leads, helpers) instead of
-what it is: that history lives in `git log`. reports/paper/ transcribes the paper and is left out.
+what it is: that history lives in `git log`. reports/paper/ transcribes the paper and is left out. What a
+user reads names no development machine of this project; the mini profile's step ratio the docs state is
+the profiles'; `make profile` sets up before it touches params.yaml.
 
-Both checks read files only (git ls-files, Makefile, dvc.yaml files, params.yaml); nothing runs."""
+The checks read files (git ls-files, Makefile, dvc.yaml files, params.yaml, profiles/); only `make -n profile`
+and a refused `make profile` run."""
 
 from __future__ import annotations
 
@@ -161,6 +164,51 @@ def test_user_facing_files_speak_of_the_users_machine():
                   for line, name, match in dev_machine_phrases(text, comments_only=rel.startswith("requirements/"))]
     assert not found, ("words of this project's development machines in what a user reads (say what a user runs on "
                        "their machine):\n" + "\n".join(found))
+
+
+
+# ------------------------------------------------------------------------------------ claims checked --
+def mini_step_ratios() -> dict[str, float]:
+    """Training steps of the mini profile over the smoke profile's: every sweep, VTAB, Sun397, LiT, segmentation."""
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.sweeps import SWEEPS, sweep_config
+
+    smoke, mini = load_params(REPO / "profiles/smoke.yaml"), load_params(REPO / "profiles/mini.yaml")
+    ratios = {sw: sweep_config(mini, sw, getattr(mini, sw).archs[0]).train.steps
+              / sweep_config(smoke, sw, getattr(smoke, sw).archs[0]).train.steps
+              for sw in SWEEPS if getattr(smoke, sw, None) and getattr(mini, sw, None)}
+    for sec in ("vtab", "sun397_scratch"):
+        ratios[sec] = getattr(mini, sec).recipe.train["steps"] / getattr(smoke, sec).recipe.train["steps"]
+    ratios["lit"] = mini.lit.train.steps / smoke.lit.train.steps
+
+    def seg_iters(p):
+        config = int(re.search(r"^max_iters = (\d+)", (REPO / p.segmentation.config).read_text(), re.M).group(1))
+        return p.segmentation.options.get("train_cfg.max_iters", config)
+    ratios["segmentation"] = seg_iters(mini) / seg_iters(smoke)
+    return ratios
+
+
+def test_the_mini_step_ratio_the_docs_state_is_the_profiles():
+    ratios = mini_step_ratios()
+    claim = f"{min(ratios.values()):g}–{max(ratios.values()):g}× the smoke steps"
+    for rel in ("README.md", "docs/profiles-and-data.md"):
+        assert claim in (REPO / rel).read_text(), f"{rel} should say {claim!r} (profiles/*.yaml: {ratios})"
+
+
+
+def test_make_profile_sets_up_before_it_touches_params_yaml():
+    """`make profile` runs the set-up (env) before it copies a profile over params.yaml, and refuses an unknown
+    profile in one line, params.yaml untouched (`make -n`: nothing runs)."""
+    dry = subprocess.run(["make", "-n", "profile", "PROFILE=mini"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    setup = [i for i, line in enumerate(dry) if "scripts/setup_env.sh" in line]
+    copy = [i for i, line in enumerate(dry) if line.startswith("cp profiles/mini.yaml params.yaml")]
+    assert copy and setup and setup[0] < copy[0], "make profile must run the set-up first:\n" + "\n".join(dry)
+    before = (REPO / "params.yaml").read_bytes()
+    bad = subprocess.run(["make", "profile", "PROFILE=no_such"], cwd=REPO, capture_output=True, text=True)
+    lines = bad.stdout.strip().splitlines()
+    assert bad.returncode != 0 and len(lines) == 1 and lines[0].startswith("no profiles/no_such.yaml"), bad.stdout
+    assert (REPO / "params.yaml").read_bytes() == before
 
 
 # ---------------------------------------------------------------------------- links and commands --
