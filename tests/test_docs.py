@@ -119,9 +119,10 @@ DEV_MACHINE_RE = {name: re.compile(p, re.IGNORECASE) for name, p in DEV_MACHINE_
 
 
 def user_facing_files() -> list[str]:
-    """README.md, docs/, benchmarks/measured/README.md, reports/*.md (not the paper's), Makefile, requirements/*.txt."""
-    return ["README.md", "Makefile", "benchmarks/measured/README.md",
-            *sorted(p.relative_to(REPO).as_posix() for pattern in ("docs/*.md", "reports/*.md", "requirements/*.txt")
+    """README.md, docs/, benchmarks/measured/**.md, reports/*.md (not the paper's), Makefile, requirements/*.txt."""
+    return ["README.md", "Makefile",
+            *sorted(p.relative_to(REPO).as_posix() for pattern in ("docs/*.md", "benchmarks/measured/**/*.md",
+                                                                     "reports/*.md", "requirements/*.txt")
                     for p in REPO.glob(pattern))]
 
 
