@@ -29,15 +29,17 @@ test-fast: env
 	$(PYTEST) -m "not slow"
 
 # Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`) and
-# regenerates dvc.yaml, whose plots name every run of the profile's sweeps.
+# regenerates dvc.yaml, whose plots name every run of the profile's sweeps. The set-up (env) runs first, so
+# params.yaml is never changed on a machine that cannot regenerate dvc.yaml.
 profile:
-	@test -f profiles/$(PROFILE).yaml || { echo "no profiles/$(PROFILE).yaml (have: $$(ls profiles))"; exit 2; }
+	@test -f profiles/$(PROFILE).yaml || { echo "no profiles/$(PROFILE).yaml (have: $$(ls profiles | tr "\n" " "))"; exit 2; }
+	@$(MAKE) --no-print-directory env
 	cp profiles/$(PROFILE).yaml params.yaml
 	$(BIN)/python -m dpnrepro.pipeline
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
 
-# The git-ignored folder a lent GPU machine gets through the GPU machine's `carry` list (benchmarks/measured/README.md):
-# the wheels the GPU image lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
+# .gpu_carry/ (git-ignored) for a GPU machine without network (benchmarks/measured/README.md): the wheels its
+# Python 3.12 + torch 2.11 environment lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
 gpu-carry: env
 	$(BIN)/python scripts/gpu_carry.py $(GPU_CARRY_ARGS)
 

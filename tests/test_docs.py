@@ -2,9 +2,12 @@
 docs page is reachable from the README, every command in their code blocks names a Makefile target, DVC
 stage, params key, script or module that exists, every repository path they quote exists, and no tracked
 file speaks of how the project was built (work sessions, issue numbers, leads, helpers) instead of
-what it is: that history lives in `git log`. reports/paper/ transcribes the paper and is left out.
+what it is: that history lives in `git log`. reports/paper/ transcribes the paper and is left out. What a
+user reads names no development machine of this project; the mini profile's step ratio the docs state is
+the profiles'; `make profile` sets up before it touches params.yaml.
 
-Both checks read files only (git ls-files, Makefile, dvc.yaml files, params.yaml); nothing runs."""
+The checks read files (git ls-files, Makefile, dvc.yaml files, params.yaml, profiles/); only `make -n profile`
+and a refused `make profile` run."""
 
 from __future__ import annotations
 
@@ -95,6 +98,118 @@ def test_no_tracked_file_tells_the_projects_history():
         found += [f"{rel}:{line}: {match!r} ({name})" for line, name, match in history_phrases(text)]
     assert not found, ("project history in tracked files (say what the project is; the history is in git log):\n"
                        + "\n".join(found))
+
+
+
+# ------------------------------------------------------------------------------ development machines --
+# What a user reads speaks of their machine, not of the machines this project was measured on: no lent
+# machines and what travels to them, no tool calls, no paths of one machine. Read: the user docs, the
+# measurement notes, the reports, the Makefile and the comments of requirements/*.txt.
+DEV_MACHINE_PATTERNS = {
+    "a lent machine": r"\blent\b|\bstill-warm\b",
+    "what travels to it": r"\bcarry`?\s+list\b|\bcarry=\[|\bcarried\s+folder\b|\ba\s+call\s+carries\b",
+    "its image": r"\b(GPU|CUDA|device|container)\s+image\b|\bKINDS\.md\b|\bdevice\s+entry\b",
+    "its time": r"\bdevice[- ]time\b",
+    "the development machines": r"\bdev\s+(VMs?|machines?|box(es)?)\b",
+    "a tool call": r"\brun\(\s*kind\s*=|\b(across|several|later)\s+calls\b|\bone-call\b|\b(fits?|in)\s+one\s+call\b"
+                   r"(?!\s*\()|\b(minutes\s+of|more\s+than|after)\s+a\s+call\b|\ba\s+call\s+holds\b",
+    "a path of one machine": r"(?<![\w.~$/-])/(work|home|root|Users)/[\w.-]",
+}
+DEV_MACHINE_RE = {name: re.compile(p, re.IGNORECASE) for name, p in DEV_MACHINE_PATTERNS.items()}
+
+
+def user_facing_files() -> list[str]:
+    """README.md, docs/, benchmarks/measured/**.md, reports/*.md (not the paper's), Makefile, requirements/*.txt."""
+    return ["README.md", "Makefile",
+            *sorted(p.relative_to(REPO).as_posix() for pattern in ("docs/*.md", "benchmarks/measured/**/*.md",
+                                                                     "reports/*.md", "requirements/*.txt")
+                    for p in REPO.glob(pattern))]
+
+
+def dev_machine_phrases(text: str, comments_only: bool = False) -> list[tuple[int, str, str]]:
+    """(line, pattern name, matched text) of every development-machine phrase in ``text`` (in its ``#``
+    comments only, with ``comments_only``)."""
+    hits = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if comments_only:
+            line = line[line.index("#"):] if "#" in line else ""
+        hits += [(n, name, m.group(0)) for name, rx in DEV_MACHINE_RE.items() for m in rx.finditer(line)]
+    return hits
+
+
+def test_dev_machine_patterns_catch_the_machines_and_spare_the_vocabulary():
+    machine = ["a lent GPU machine", "through the GPU machine's `carry` list", "the wheels the GPU image lacks",
+               "costs device time", "the local CPU file on the dev machines", "on the shared dev VM",
+               'run(kind="nvidia-h100-x1", carry=[".gpu_carry"])', "split over several calls of a machine",
+               "resumable across calls", "Both fit one call.", "## The GPU tier in one call", "the one-call GPU run",
+               "budget minutes of a call for it", "more than a call holds", "the 64 MiB a call carries",
+               "--tmp /work/bench100k", "in /home/alice/data", "the device entry's KINDS.md list",
+               "on the still-warm machine"]
+    vocabulary = ["`eval_batches` calls `malloc_trim(0)`", "aten::mm: 3.43 ms, 100 calls", "the stage commands call `python`",
+                  "decodes the batch on the device in one call (nvJPEG)", "a GPU machine reproduces them",
+                  "the image's pixels", "/usr/share/datasets/fashion-mnist", "RES=/tmp/gpu_res", "~/.cache/dpnrepro",
+                  "make gpu-carry", "the statistics carry class information", "data/raw/imagefolder/train"]
+    for phrase in machine:
+        assert dev_machine_phrases(phrase), f"not caught: {phrase!r}"
+    for phrase in vocabulary:
+        assert not dev_machine_phrases(phrase), f"caught, but it is the project's vocabulary: {phrase!r}"
+    assert dev_machine_phrases("torch==2.14.1  # as on the dev machines", comments_only=True)
+    assert not dev_machine_phrases("lent==1.0", comments_only=True)
+
+
+def test_user_facing_files_speak_of_the_users_machine():
+    found = []
+    for rel in user_facing_files():
+        text = (REPO / rel).read_text(encoding="utf-8")
+        found += [f"{rel}:{line}: {match!r} ({name})"
+                  for line, name, match in dev_machine_phrases(text, comments_only=rel.startswith("requirements/"))]
+    assert not found, ("words of this project's development machines in what a user reads (say what a user runs on "
+                       "their machine):\n" + "\n".join(found))
+
+
+
+# ------------------------------------------------------------------------------------ claims checked --
+def mini_step_ratios() -> dict[str, float]:
+    """Training steps of the mini profile over the smoke profile's: every sweep, VTAB, Sun397, LiT, segmentation."""
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.sweeps import SWEEPS, sweep_config
+
+    smoke, mini = load_params(REPO / "profiles/smoke.yaml"), load_params(REPO / "profiles/mini.yaml")
+    ratios = {sw: sweep_config(mini, sw, getattr(mini, sw).archs[0]).train.steps
+              / sweep_config(smoke, sw, getattr(smoke, sw).archs[0]).train.steps
+              for sw in SWEEPS if getattr(smoke, sw, None) and getattr(mini, sw, None)}
+    for sec in ("vtab", "sun397_scratch"):
+        ratios[sec] = getattr(mini, sec).recipe.train["steps"] / getattr(smoke, sec).recipe.train["steps"]
+    ratios["lit"] = mini.lit.train.steps / smoke.lit.train.steps
+
+    def seg_iters(p):
+        config = int(re.search(r"^max_iters = (\d+)", (REPO / p.segmentation.config).read_text(), re.M).group(1))
+        return p.segmentation.options.get("train_cfg.max_iters", config)
+    ratios["segmentation"] = seg_iters(mini) / seg_iters(smoke)
+    return ratios
+
+
+def test_the_mini_step_ratio_the_docs_state_is_the_profiles():
+    ratios = mini_step_ratios()
+    claim = f"{min(ratios.values()):g}–{max(ratios.values()):g}× the smoke steps"
+    for rel in ("README.md", "docs/profiles-and-data.md"):
+        assert claim in (REPO / rel).read_text(), f"{rel} should say {claim!r} (profiles/*.yaml: {ratios})"
+
+
+
+def test_make_profile_sets_up_before_it_touches_params_yaml():
+    """`make profile` runs the set-up (env) before it copies a profile over params.yaml, and refuses an unknown
+    profile in one line, params.yaml untouched (`make -n`: nothing runs)."""
+    dry = subprocess.run(["make", "-n", "profile", "PROFILE=mini"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    setup = [i for i, line in enumerate(dry) if "scripts/setup_env.sh" in line]
+    copy = [i for i, line in enumerate(dry) if line.startswith("cp profiles/mini.yaml params.yaml")]
+    assert copy and setup and setup[0] < copy[0], "make profile must run the set-up first:\n" + "\n".join(dry)
+    before = (REPO / "params.yaml").read_bytes()
+    bad = subprocess.run(["make", "profile", "PROFILE=no_such"], cwd=REPO, capture_output=True, text=True)
+    lines = bad.stdout.strip().splitlines()
+    assert bad.returncode != 0 and len(lines) == 1 and lines[0].startswith("no profiles/no_such.yaml"), bad.stdout
+    assert (REPO / "params.yaml").read_bytes() == before
 
 
 # ---------------------------------------------------------------------------- links and commands --

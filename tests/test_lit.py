@@ -18,6 +18,7 @@ from dpnrepro.lit.towers import (TEXT_NO_DECAY, LiT, LockedImageTower, build_tex
                                  l2_normalize, state_digest, tokenizer)
 from dpnrepro.training.optim import decay_mask
 from helpers import REPO
+from paper_text import PAPER, source_text
 
 
 def tiny_lit(seed: int = 0) -> LiT:
@@ -192,10 +193,7 @@ def test_full_recipe_is_the_papers_and_big_visions():
     from dpnrepro.config.params import load_params
 
     lit = load_params(REPO / "profiles" / "full.yaml").lit
-    paper = re.sub(r"\s+", " ", next((REPO.parent / "shared" / "seeds").glob("000_*.txt")).read_text()) \
-        if (REPO.parent / "shared" / "seeds").exists() else None
-    if paper is None:
-        pytest.skip("paper text (seed 000) not available")
+    paper = re.sub(r"\s+", " ", source_text(PAPER))
     m = re.search(r"train only the text encoder using a contrastive loss for (\d+) steps with a batch-size of (\d+)", paper)
     assert m and lit.train.steps == int(m.group(1)) == 55000 and lit.train.batch_size == int(m.group(2)) == 16384
     assert "2 architectures (B/32 and L/16) trained with 2 schedules (220K and 1.1M steps)" in paper

@@ -2,7 +2,7 @@
 
 The strongest check rebuilds each table's printed text (layout headers written
 here, numbers taken from the YAML) and asserts it occurs verbatim, modulo
-whitespace, in the seed's PDF extraction.
+whitespace, in the paper's PDF extraction (tests/paper_text.py says where it comes from).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from dpnrepro.reports.paper import as_float, load_paper_table, paper_dir, paper_value
+from paper_text import PAPER, source_text
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SEEDS_DIR = REPO_ROOT.parent / "shared" / "seeds"
 
 TABLES = range(1, 8)
 TOP_KEYS = {"table", "title", "source", "metric", "ci", "rows"}
@@ -45,15 +45,6 @@ CI_RE = re.compile(r"^\d+\.\d{1,2}$")  # and CIs with one or two decimals
 
 
 # ----------------------------------------------------------------- helpers --
-def _seed_text() -> str:
-    if not SEEDS_DIR.is_dir():
-        pytest.skip(f"seeds directory {SEEDS_DIR} is absent (expected at ../shared/seeds/)")
-    files = sorted(SEEDS_DIR.glob("000_*.txt"))
-    if not files:
-        pytest.skip(f"paper seed 000_*.txt not found in {SEEDS_DIR}")
-    return files[0].read_text(encoding="utf-8")
-
-
 def _squash(s: str) -> str:
     return re.sub(r"\s+", "", s)
 
@@ -178,7 +169,7 @@ def test_table_parts_and_metrics():
 
 @pytest.mark.parametrize("n", TABLES)
 def test_printed_values_occur_in_seed(n):
-    text = _seed_text()
+    text = source_text(PAPER)
     for r in load_paper_table(n)["rows"]:
         assert _printed(r) in text, f"table {n}: {_printed(r)!r} not in seed ({r})"
 
@@ -186,7 +177,7 @@ def test_printed_values_occur_in_seed(n):
 @pytest.mark.parametrize("n", TABLES)
 def test_reconstructed_table_matches_seed(n):
     """Rebuild the printed (glued) table from the YAML and find it verbatim in the seed."""
-    seed = _squash(_seed_text())
+    seed = _squash(source_text(PAPER))
     printed, n_used = _reconstruct(n)
     assert n_used == ROW_COUNTS[n], f"table {n}: reconstruction used {n_used} rows"
     want = _squash(printed)
@@ -199,7 +190,7 @@ def test_reconstructed_table_matches_seed(n):
 
 def test_reconstructed_lines_examples():
     """The glued lines quoted in the brief come out exactly."""
-    seed = _seed_text()
+    seed = source_text(PAPER)
     t1, _ = _reconstruct(1)
     assert "S/32 72.1±0.0774.0±0.09" in t1.splitlines()
     assert "S/16 72.5±0.172.5±0.1" in t1.splitlines()

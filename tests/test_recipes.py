@@ -10,21 +10,12 @@ import yaml
 from dpnrepro.config.sweeps import SWEEPS, sweep_config
 from dpnrepro.config.params import load_params
 from helpers import REPO
-
-SEEDS = REPO.parent / "shared" / "seeds"
-
-
-def seed_text(prefix: str) -> str:
-    found = sorted(SEEDS.glob(f"{prefix}_*.txt"))
-    if not found:
-        pytest.skip(f"seed {prefix} not found under {SEEDS}")
-    return found[0].read_text()
-
+from paper_text import DEIT_THESIS, PAPER, source_text
 
 def paper_config(start_marker: str, end_marker: str) -> str:
     """An appendix config of the paper with spacing removed and quotes restored (the PDF extraction
     spaces out tokens: "config .lr = 0.001")."""
-    text = seed_text("000")
+    text = source_text(PAPER)
     start = text.index(start_marker)
     end = text.index(end_marker, start)
     return re.sub(r"\s+", "", text[start:end].replace("/quotesingle.ts1", "'"))
@@ -167,7 +158,7 @@ def test_finetune_resolutions_match_appendix_d(appendix_d, full):
 
 @pytest.fixture(scope="module")
 def section_5_1() -> str:
-    text = seed_text("000")
+    text = source_text(PAPER)
     start = text.index("5.1 Setup")
     return re.sub(r"\s+", " ", text[start:text.index("5.2 DPN versus", start)])
 
@@ -201,7 +192,7 @@ def test_pretraining_regimes_match_section_5_1(section_5_1, full):
 
 @pytest.fixture(scope="module")
 def table_3_9() -> dict[str, str]:
-    text = seed_text("004")
+    text = source_text(DEIT_THESIS)
     start = text.index("Methods\tViT-B [61]\tDeiT-B")
     end = text.index("Table 3.9", start)
     rows = {}
@@ -270,7 +261,7 @@ def test_crop_sampler_matches_each_recipe_source(appendix_c, appendix_d, full):
 
     assert "decode_jpeg_and_inception_crop(224)" in appendix_c
     assert "decode_jpeg_and_inception_crop(384)" in appendix_d
-    assert "We build upon PyTorch [150] and the timm library [214]" in seed_text("004")
+    assert "We build upon PyTorch [150] and the timm library [214]" in source_text(DEIT_THESIS)
     for sweep in SWEEPS:
         for arch in getattr(full, sweep).archs:
             inp = sweep_config(full, sweep, arch).input
