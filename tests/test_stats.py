@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dpnrepro.stats import fmt_p, mean_ci95, paired_by_seed, paired_delta_ci95, paired_test, verdict
+from dpnrepro.stats import fmt_p, mean_ci95, pairs, paired_by_seed, paired_delta_ci95, paired_test, verdict
 
 DPN = [74.1, 73.8, 74.3, 73.9, 74.0]
 BASE = [72.2, 72.0, 72.1, 72.3, 71.9]
@@ -57,11 +57,35 @@ def test_verdicts_and_unresolved_cases():
     assert noisy["verdict"] == "not resolved" and noisy["p"] > 0.05
     one = paired_test([74.0], [72.0])
     assert one["verdict"] == "not resolved" and one["p"] is None and one["ci95"] is None
-    same = paired_test([1.0, 2.0], [0.0, 1.0])  # zero variance: t undefined, interval [1, 1]
+    same = paired_test([1.0, 2.0, 3.0], [0.0, 1.0, 2.0])  # zero variance: t undefined, interval [1, 1]
     assert same["p"] is None and same["verdict"] == "better"
     assert verdict(None, None) == "not resolved" and verdict(-1, 1) == "not resolved"
     with pytest.raises(ValueError, match="same seeds"):
         paired_test([1.0, 2.0], [1.0])
+
+
+# Table 3's structured mean, Mu/7 smoke: the per-seed DPN − conv differences of the committed result (AMD,
+# +7.78 ± 8.47) and ones with the mean ± CI another CPU gave from the same code (Intel, +7.47 ± 4.59).
+STRUCTURED_AMD = [50.77777777777778 - 43.666666666666664, 51.166666666666664 - 42.72222222222222]
+STRUCTURED_INTEL = [7.47 - 0.3612, 7.47 + 0.3612]
+
+
+def test_a_verdict_needs_three_pairs_so_last_bit_noise_on_two_seeds_decides_nothing():
+    amd, intel = (paired_test(d, [0.0, 0.0]) for d in (STRUCTURED_AMD, STRUCTURED_INTEL))
+    assert (amd["mean"], amd["ci95"]) == pytest.approx((7.78, 8.47), abs=0.005)
+    assert (intel["mean"], intel["ci95"]) == pytest.approx((7.47, 4.59), abs=0.005)
+    assert amd["low"] < 0 < intel["low"]  # the CI alone says "not resolved" on one CPU, "better" on the other
+    assert amd["verdict"] == intel["verdict"] == "not resolved"
+    assert verdict(intel["low"], intel["high"], 2) == "not resolved"
+    assert verdict(intel["low"], intel["high"], 3) == "better" and verdict(-2, -1, 3) == "worse"
+    assert verdict(intel["low"], intel["high"]) == "better"  # a Δ that records no pairs: its CI alone
+    assert paired_by_seed({0: 9.0, 1: 9.1}, {0: 1.0, 1: 1.0})["verdict"] == "not resolved"
+    assert paired_by_seed({0: 9.0, 1: 9.1, 2: 9.05}, {0: 1.0, 1: 1.0, 2: 1.0})["verdict"] == "better"
+
+
+def test_pairs_of_a_summary_delta():
+    assert pairs({"n": 4, "seeds": [0]}) == 4 and pairs({"seeds": [0, 1]}) == 2
+    assert pairs({"per_seed": [1.0, 2.0, 3.0]}) == 3 and pairs({"mean": 1.0}) is None
 
 
 def test_t_verdict_agrees_with_p_below_alpha():

@@ -11,7 +11,9 @@ One rule everywhere (Sec. 5.1 of the paper reports mean ± 95 % CI over >= 3 run
   per-seed differences with replacement, a fixed RNG seed, percentile CI, two-sided p = twice the
   smaller tail of the bootstrap distribution on either side of 0).
 * ``verdict``: ``better`` / ``worse`` when the 95 % CI of the difference excludes 0 (for the t-test
-  this is exactly p < 0.05), otherwise ``not resolved`` (also with fewer than 2 pairs).
+  this is exactly p < 0.05) over at least ``MIN_PAIRS`` = 3 pairs (Sec. 5.1's >= 3 runs), otherwise
+  ``not resolved``. With 2 pairs the t-interval has one degree of freedom: it excludes 0 only when the two
+  differences agree within about 15 % of each other, so a last-bit change of either run decides it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ ALPHA = 0.05
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_RESAMPLES = 10_000
 VERDICTS = ("better", "worse", "not resolved")
+MIN_PAIRS = 3  # the fewest paired seeds (or draws) a better / worse verdict may rest on
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, float | None]:
@@ -88,7 +91,7 @@ def paired_test(treated: Sequence[float], control: Sequence[float], *,
             out["p"] = float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
         else:
             raise ValueError(f"unknown test {method!r}; use 't' or 'bootstrap'")
-    out["verdict"] = verdict(out["low"], out["high"])
+    out["verdict"] = verdict(out["low"], out["high"], n)
     return out
 
 
@@ -100,15 +103,27 @@ def paired_by_seed(treated: dict[int, float], control: dict[int, float]) -> dict
             "per_seed": [treated[s] - control[s] for s in seeds]}
 
 
-def verdict(low: float | None, high: float | None) -> str:
-    """``better`` if the CI of treated − control lies above 0, ``worse`` below 0, else ``not resolved``."""
-    if low is None or high is None:
+def verdict(low: float | None, high: float | None, n: int | None = None) -> str:
+    """``better`` if the CI of treated − control lies above 0, ``worse`` below 0, else ``not resolved``;
+    ``not resolved`` as well from ``n`` < :data:`MIN_PAIRS` pairs (``n`` None: a Δ that does not record
+    its pairs, judged on its CI alone)."""
+    if low is None or high is None or (n is not None and n < MIN_PAIRS):
         return "not resolved"
     if low > 0:
         return "better"
     if high < 0:
         return "worse"
     return "not resolved"
+
+
+def pairs(delta: dict) -> int | None:
+    """The number of pairs a summary's Δ rests on: its ``n``, else its ``seeds`` or ``per_seed`` count."""
+    if "n" in delta:
+        return delta["n"]
+    for key in ("seeds", "per_seed"):
+        if key in delta:
+            return len(delta[key])
+    return None
 
 
 LEARNED_MARGIN = 10.0  # points (the metric's own unit: % accuracy, % mIoU) above chance

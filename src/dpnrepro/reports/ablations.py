@@ -12,7 +12,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import pyplot, read_metrics, save_png, write_report
-from dpnrepro.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
+from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_by_seed
 from dpnrepro.reports.tables import fmt_delta
 
 # Table 6: our stem names -> the paper's row names, in the paper's order
@@ -100,7 +100,8 @@ def render_table6_markdown(metrics: dict, summary: dict) -> str:
     lines += [
         "",
         *_ours(metrics, "- Gain = variant − DPN, paired by training seed, ± its 95 % CI (Student t); p: two-sided "
-                        "paired t-test; verdict: better / worse than DPN when the CI excludes 0, else not resolved."),
+                        "paired t-test; verdict: better / worse than DPN when the CI excludes 0 over at least "
+                        f"{MIN_PAIRS} seeds, else not resolved."),
         "",
         "Accuracy of every stem (mean ± 95 % CI over seeds):",
         "",
@@ -206,8 +207,8 @@ def render_figure1_markdown(metrics: dict, summary: dict) -> str:
         "replaces LN in the pre-LN block as one more row.",
         "",
         *_ours(metrics, "- Gain = run − (conv stem, pre-pre), paired by training seed, ± its 95 % CI; p: two-sided "
-                        "paired t-test; verdict: better / worse when the CI excludes 0, else not resolved (always "
-                        "with one seed)."),
+                        f"paired t-test; verdict: better / worse when the CI excludes 0 over at least {MIN_PAIRS} "
+                        "seeds, else not resolved."),
         "",
         "| Block norm | " + " | ".join(f"{a} conv | {a} DPN" for a in archs) + " |",
         "|---|" + "---|" * (2 * len(archs)),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpnrepro.stats import verdict
+from dpnrepro.stats import pairs, verdict
 
 HEADLINE_DIR = "headline"
 NO_VERDICT = "no verdict"
@@ -30,14 +30,14 @@ def write_headline(report: str, numbers: dict, metrics_dir: str | Path = "metric
     return path
 
 
-def difference(mean: float, ci95: float | None, given_verdict: str | None = None) -> dict:
+def difference(mean: float, ci95: float | None, given_verdict: str | None = None, n: int | None = None) -> dict:
     """``{mean, ci95, verdict}`` of a paired difference; the verdict is the summary's own, else whether the
-    95 % CI excludes 0 (:func:`stats.verdict`; ``not resolved`` without a CI)."""
+    95 % CI excludes 0 over ``n`` pairs (:func:`stats.verdict`; ``not resolved`` without a CI)."""
     out = {"mean": mean}
     if ci95 is not None:
         out["ci95"] = ci95
     low, high = (None, None) if ci95 is None else (mean - ci95, mean + ci95)
-    out["verdict"] = given_verdict or verdict(low, high)
+    out["verdict"] = given_verdict or verdict(low, high, n)
     return out
 
 
@@ -53,7 +53,7 @@ def stem_block(entry: dict, base: str = "conv", delta_key: str = "delta_dpn") ->
     delta = entry[delta_key]
     base = delta.get("vs", base)
     return {base: entry[base]["mean"], "dpn": entry["dpn"]["mean"],
-            f"dpn-{base}": difference(delta["mean"], delta.get("ci95"), given_verdict(delta))}
+            f"dpn-{base}": difference(delta["mean"], delta.get("ci95"), given_verdict(delta), pairs(delta))}
 
 
 def nested_blocks(tree: dict, depth: int) -> dict:

@@ -41,7 +41,7 @@ from dpnrepro.reports.table4 import SWEEP_STEPS
 from dpnrepro.reports.table5 import LEARNED_MARGIN as SEG_LEARNED_MARGIN
 from dpnrepro.reports.tables import BASE_STEM, TABLES
 from dpnrepro.reports.transfer_tables import GROUPS
-from dpnrepro.stats import LEARNED_MARGIN, verdict
+from dpnrepro.stats import LEARNED_MARGIN, MIN_PAIRS, pairs, verdict
 
 INDEX = Path("reports/README.md")
 PAPER_DIR = "reports/paper"
@@ -185,7 +185,8 @@ def delta_verdict(delta: dict) -> str:
     if "outside_ci" in delta:
         return ("better" if delta["mean"] > 0 else "worse") if delta["outside_ci"] else "not resolved"
     ci = delta.get("ci95")
-    return verdict(None if ci is None else delta["mean"] - ci, None if ci is None else delta["mean"] + ci)
+    return verdict(None if ci is None else delta["mean"] - ci, None if ci is None else delta["mean"] + ci,
+                   pairs(delta))
 
 
 def _delta_text(delta: dict) -> str:
@@ -424,7 +425,8 @@ def build_index(entries: list[ReportEntry], root: Path = Path("."), *, throughpu
         "(a commit id on this page would change with every commit; src/dpnrepro/reports/index.py).",
         "- **Paper vs ours**: the headline block of each table; Δ = DPN − base (Table 6: alternative − DPN; "
         "Figure 1: run − conv with pre-LN); paper Δ from the printed values (mean over a block's rows per arch). "
-        "Verdict: better / worse when the 95 % CI of Δ excludes 0, else not resolved; no verdict where a side "
+        f"Verdict: better / worse when the 95 % CI of Δ excludes 0 over at least {MIN_PAIRS} pairs (seeds, or "
+        "few-shot draws), else not resolved; no verdict where a side "
         f"of Δ did not learn (less than {LEARNED_MARGIN:g} points of accuracy, Table 5: {SEG_LEARNED_MARGIN:g} "
         "points of mIoU, above its chance rate; `stats.learned`). "
         "*Our Δs* counts every Δ of the report's summary.",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import fmt_ci, fmt_p, mean_ci95, paired_test
+from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_test
 
 BASE_STEM = "conv"
 
@@ -176,8 +176,8 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
         "images), mean ± 95 % CI (Student t) over training seeds. Few-shot blocks (trained once, as the paper "
         "does): fewshot_lsr accuracy (%) on `val`, mean ± 95 % CI over the few-shot draws.",
         "- Δ = stem − conv, paired by seed (top-1) or by draw (few-shot), ± its 95 % CI; p: two-sided paired "
-        "t-test; verdict: better / worse when the CI excludes 0, else not resolved. Paper columns: the printed "
-        "values with the paper's 95 % CI, for the same arch.",
+        f"t-test; verdict: better / worse when the CI excludes 0 over at least {MIN_PAIRS} pairs, else not resolved. "
+        "Paper columns: the printed values with the paper's 95 % CI, for the same arch.",
         f"- Hardware: {context['hardware']}.",
         "",
     ]

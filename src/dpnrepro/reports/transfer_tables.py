@@ -3,8 +3,9 @@ a PNG figure and a JSON summary, computed from ``metrics/vtab.json`` / ``metrics
 and ``reports/paper/table{3,7}.yaml`` alone (byte-identical outputs for the same inputs).
 
 Table 3 statistics: per task, mean test accuracy ± 95 % t-interval over the fine-tuning seeds of the lr
-chosen on validation; DPN − base paired by seed, "outside the CI" when the paired interval excludes 0
-(the paper bolds differences outside its 95 % CI). Group means average the tasks of a group per seed,
+chosen on validation; DPN − base paired by seed, with :func:`stats.paired_test`'s verdict (better / worse
+when the paired interval excludes 0 over at least ``stats.MIN_PAIRS`` seeds; the paper bolds differences
+outside its 95 % CI). Group means average the tasks of a group per seed,
 then take mean ± CI over seeds. Table 7 trains one model per row (as the paper): no interval.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import finish_delta_axes, pyplot, read_metrics, save_png, write_report
-from dpnrepro.stats import LEARNED_MARGIN, fmt_ci, learned_cell, learned_delta, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import LEARNED_MARGIN, MIN_PAIRS, fmt_ci, learned_cell, learned_delta, mean_ci95, paired_test
 
 BASE_STEM = "conv"
 GROUPS = ("natural", "specialized", "structured")
@@ -85,8 +86,9 @@ def _add_deltas(stems: dict) -> None:
     if BASE_STEM not in stems:
         return
     for stem in [s for s in stems if s != BASE_STEM and not s.startswith("delta_")]:
-        d, ci = paired_delta_ci95(stems[stem]["test"], stems[BASE_STEM]["test"])
-        stems[f"delta_{stem}"] = {"mean": d, "ci95": ci, "vs": BASE_STEM,
+        test = paired_test(stems[stem]["test"], stems[BASE_STEM]["test"])
+        d, ci = test["mean"], test["ci95"]
+        stems[f"delta_{stem}"] = {"mean": d, "ci95": ci, "n": test["n"], "verdict": test["verdict"], "vs": BASE_STEM,
                                   "outside_ci": ci is not None and abs(d) > ci,
                                   **learned_delta({s: stems[s] for s in (BASE_STEM, stem)})}
 
@@ -126,7 +128,9 @@ def render_table3(metrics: dict, summary: dict) -> str:
               f"used to choose); test accuracy (%) of the chosen lr, mean ± 95 % CI (Student t) over the seeds; "
               f"final models trained on `{'train800val200' if metrics['retrain_on_train800val200'] else 'train800'}` "
               f"(`vtab.retrain_on_train800val200`).",
-              f"- Δ = stem − {BASE_STEM}, paired by seed; **bold** = the 95 % CI of Δ excludes 0 (outside the CI). "
+              f"- Δ = stem − {BASE_STEM}, paired by seed; **bold** = a verdict (better / worse): the 95 % CI of Δ "
+              f"excludes 0 over at least {MIN_PAIRS} paired seeds (the paper's Sec. 5.1 reports >= 3 runs; from "
+              "2 seeds the interval turns on the last bits of a run, so no verdict). "
               "`chance` = the test split's majority-class rate; *at chance* marks a mean less than "
               f"{LEARNED_MARGIN:g} points above it (the fine-tune learned nothing: no verdict on its Δ).",
               f"- Hardware: {metrics['hardware']}.", ""]
@@ -155,9 +159,10 @@ def render_table3(metrics: dict, summary: dict) -> str:
             deltas = [_bold(e.get(f"delta_{s}")) for s in others]
             lines.append(f"| **{g} mean** | {n} task{'s' if n > 1 else ''} | | " + " | ".join(cells + deltas) + " | |")
         lines.append("")
-    outside = [f"{name} ({a})" for name, t in summary["tasks"].items() for a, e in t["archs"].items()
-               for k, d in e.items() if k.startswith("delta_") and d["outside_ci"]]
-    lines += [f"Differences outside the 95 % CI: {', '.join(outside) if outside else 'none'}.", "",
+    decided = [f"{name} ({a}): {d['verdict']}" for name, t in summary["tasks"].items() for a, e in t["archs"].items()
+               for k, d in e.items() if k.startswith("delta_") and _decided(d)]
+    lines += [f"Verdicts (95 % CI of Δ excludes 0, >= {MIN_PAIRS} paired seeds, both sides learned): "
+              f"{', '.join(decided) if decided else 'none'}.", "",
               "![Table 3 figure](table3.png)", ""]
     return "\n".join(lines)
 
@@ -166,9 +171,14 @@ def _at_chance(cell: dict) -> str:
     return " *at chance*" if cell.get("learned") is False else ""
 
 
+def _decided(d: dict | None) -> bool:
+    """Whether a Δ carries a verdict: better / worse under :func:`stats.verdict`, and both sides learned."""
+    return d is not None and d["verdict"] != "not resolved" and d.get("learned") is not False
+
+
 def _bold(d: dict | None) -> str:
     text = _delta(d)
-    return f"**{text}**" if d is not None and d.get("outside_ci") else text
+    return f"**{text}**" if _decided(d) else text
 
 
 def figure_table3(summary: dict, metrics: dict, path: Path) -> None:
@@ -193,10 +203,11 @@ def figure_table3(summary: dict, metrics: dict, path: Path) -> None:
                     labels.append(f"{name} {arch} {key[6:]}" + (f"\n({stand_in[:28]})" if stand_in else ""))
                     vals.append(d["mean"])
                     errs.append(d["ci95"] or 0.0)
-                    colors.append("#d62728" if d["outside_ci"] else "#999999")
+                    colors.append("#d62728" if _decided(d) else "#999999")
     axes[1].barh(range(len(labels)), vals, xerr=errs, capsize=3, color=colors)
     axes[1].set_yticks(range(len(labels)), labels, fontsize=6)
-    axes[1].set_title(f"Ours ({metrics['profile']}): stem − {BASE_STEM} ± 95 % CI\n(red: CI excludes 0)", fontsize=9)
+    axes[1].set_title(f"Ours ({metrics['profile']}): stem − {BASE_STEM} ± 95 % CI\n"
+                      f"(red: a verdict, the CI excludes 0 over >= {MIN_PAIRS} seeds)", fontsize=9)
     finish_delta_axes(axes)
     fig.tight_layout()
     save_png(fig, path)
