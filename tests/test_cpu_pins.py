@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import stage_env
 
-from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV
+from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
@@ -43,7 +43,7 @@ def test_the_same_value_in_another_case_is_accepted():
 
 
 def test_native_opts_out_and_the_label_says_so():
-    proc = _python("import numpy, dpnrepro; from dpnrepro.cpu_determinism import describe; print(describe())",
+    proc = _python("import numpy, dpnrepro; from dpnrepro.determinism.cpu import describe; print(describe())",
                    OMP_DYNAMIC="TRUE", **{KERNELS_ENV: "native"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("native kernels (this machine only)")
@@ -52,7 +52,7 @@ def test_native_opts_out_and_the_label_says_so():
 def test_the_label_is_what_the_libraries_report():
     """Under the pins the label names MKL's and NumPy's choices as read back; with MKL's branch set otherwise
     (the environment taken as set), the label shows that branch, not the pinned one."""
-    code = "import dpnrepro; from dpnrepro.cpu_determinism import describe, pin_threads; pin_threads(); print(describe())"
+    code = "import dpnrepro; from dpnrepro.determinism.cpu import describe, pin_threads; pin_threads(); print(describe())"
     pinned = _python(code)
     assert pinned.returncode == 0, pinned.stderr
     assert "ATen AVX2, MKL COMPATIBLE,STRICT, NumPy X86_V3, OpenBLAS Haswell, convolutions im2col, " in pinned.stdout

@@ -1,5 +1,5 @@
-"""Determinism: the `train.deterministic` switch (training/determinism.py) and the CPU instruction-set
-and thread pins (cpu_determinism.py). That the whole smoke pipeline reproduces the committed results
+"""Determinism: the `train.deterministic` switch (determinism/cuda.py) and the CPU instruction-set
+and thread pins (determinism/cpu.py). That the whole smoke pipeline reproduces the committed results
 bit for bit is tests/test_pipeline.py's job."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from helpers import REPO, tiny_mu7_training
 
-from dpnrepro.training import determinism
+from dpnrepro.determinism import cuda as determinism
 
 
 @pytest.fixture
@@ -123,10 +123,10 @@ def test_switch_is_set_before_the_process_group_is_created(monkeypatch, restore_
 def test_cpu_kernels_are_pinned_in_every_process_that_imports_dpnrepro():
     """ATen, MKL, oneDNN, NumPy, OpenBLAS and OpenCV dispatch by CPU unless pinned; a stage pins them, its
     threads and its convolution path (what each library then reports: tests/test_kernel_fingerprint.py)."""
-    from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV
+    from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV
 
     probe = ("import dpnrepro, torch, os, json\n"
-             "from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, pin_threads\n"
+             "from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, pin_threads\n"
              "pin_threads()\n"
              "print(json.dumps([torch.backends.cpu.get_cpu_capability(), {k: os.environ[k] for k in INSTRUCTION_SET_ENV},"
              " torch.get_num_threads(), torch.backends.mkldnn.enabled]))")

@@ -1,5 +1,5 @@
 """Same bits on every x86 CPU: the CPU kernels this machine runs give the committed bits, op by op
-(src/dpnrepro/kernel_fingerprint.py), and the vendor-neutral kernel choices are the ones in force.
+(src/dpnrepro/determinism/fingerprint.py), and the vendor-neutral kernel choices are the ones in force.
 
 A machine whose GEMM, convolution, LayerNorm, NumPy or OpenCV kernels differ from the machine that wrote
 tests/fixtures/kernel_fingerprint.json fails here in a minute, naming the op, instead of in the
@@ -12,10 +12,10 @@ import json
 import pytest
 from helpers import stage_env
 
-from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV
-from dpnrepro.kernel_fingerprint import COMMITTED, diff, in_fresh_process
+from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV
+from dpnrepro.determinism.fingerprint import COMMITTED, diff, in_fresh_process
 
-PROBE = ("import json, dpnrepro.kernel_fingerprint as k; "
+PROBE = ("import json, dpnrepro.determinism.fingerprint as k; "
          "print(json.dumps({'in_force': k.in_force(), 'hashes': k.fingerprint(), 'versions': k.versions()}))")
 
 
@@ -36,7 +36,7 @@ def test_every_cpu_op_gives_the_committed_bits(pinned):
     assert found["versions"] == committed["versions"], (
         f"versions {found['versions']} differ from the fingerprint's {committed['versions']}: a pin changed (a library, "
         "Python or the C library), not this CPU's kernels; record it again with "
-        "`python -m dpnrepro.kernel_fingerprint --write` and regenerate the results")
+        "`python -m dpnrepro.determinism.fingerprint --write` and regenerate the results")
     differ = diff(found["hashes"], committed["hashes"])
     assert not differ, (f"this CPU's kernels give other bits than {committed['machine']} in: {', '.join(differ)} "
                         f"(kernel choices here: {found['in_force']}; there: {committed['in_force']})")
@@ -69,7 +69,7 @@ def test_the_optimizer_is_split_into_its_parts(pinned):
 
 # What MKL's branch (the choice that differs between Intel and AMD CPUs) may change: the GEMMs and MKL's
 # vector math. The optimizers must not depend on it: torch's default CPU AdamW does (its sqrt is MKL's).
-OPTIMIZER_PROBE = ("import dpnrepro.kernel_fingerprint as k, json, torch; from types import SimpleNamespace; "
+OPTIMIZER_PROBE = ("import dpnrepro.determinism.fingerprint as k, json, torch; from types import SimpleNamespace; "
                    "from dpnrepro.training.optim import build_optimizer; k.pin_threads(); "
                    "out = k.optimizer_ops(); m = torch.nn.Linear(64, 256, bias=False); "
                    "o = build_optimizer(m, SimpleNamespace(optimizer='adamw', lr=1e-3, weight_decay=1e-4), fused=False); "

@@ -159,7 +159,8 @@ def test_a_recipe_train_device_override_is_the_device_the_runs_train_on(project,
 
     from dpnrepro import runs
     from dpnrepro.config.params import parse_params
-    from dpnrepro.training import determinism, distributed
+    from dpnrepro.determinism import cuda as determinism
+    from dpnrepro.training import distributed
     from dpnrepro.training import run as train
 
     if recipe == "cuda" and not torch.cuda.is_available():

@@ -76,9 +76,9 @@ PY
 phase_fingerprint() {  # the CPU kernel fingerprint on this host's CPU (another model/vendor than the dev VMs), as a
   # stage pins it and with the switches of before (MKL_CBWR=AVX2,STRICT, oneDNN convolutions), 2 threads each
   lscpu > "$RES/lscpu.txt" 2>&1
-  DPNREPRO_CPU_THREADS=2 job fingerprint_pinned 150 $PY -m dpnrepro.kernel_fingerprint --json "$RES/fingerprint_pinned.json"
+  DPNREPRO_CPU_THREADS=2 job fingerprint_pinned 150 $PY -m dpnrepro.determinism.fingerprint --json "$RES/fingerprint_pinned.json"
   DPNREPRO_CPU_THREADS=2 DPNREPRO_CPU_KERNELS=native ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX2 \
-    job fingerprint_before 150 $PY -m dpnrepro.kernel_fingerprint --json "$RES/fingerprint_before.json"
+    job fingerprint_before 150 $PY -m dpnrepro.determinism.fingerprint --json "$RES/fingerprint_before.json"
 }
 
 phase_tests() {  # the CUDA tests (determinism included) and the compiled step's numerics

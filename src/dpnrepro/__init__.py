@@ -2,10 +2,10 @@
 
 import sys as _sys
 
-from dpnrepro import cpu_determinism as _cpu_determinism
+from dpnrepro.determinism import cpu as _cpu_determinism
 
 # Before numpy, torch or cv2 load: pin the kernels they dispatch to, so CPU results do not depend on the
-# CPU model or vendor (src/dpnrepro/cpu_determinism.py); refused in one line where they cannot be in force.
+# CPU model or vendor (src/dpnrepro/determinism/cpu.py); refused in one line where they cannot be in force.
 try:
     _cpu_determinism.pin_instruction_sets()
 except _cpu_determinism.PinConflict as _e:

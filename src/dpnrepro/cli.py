@@ -25,7 +25,7 @@ def offline_defaults() -> None:
 
 
 def stage(main):
-    """Decorator for stage entry points: offline, fixed CPU threads (cpu_determinism); a :class:`UserError`
+    """Decorator for stage entry points: offline, fixed CPU threads (determinism.cpu); a :class:`UserError`
     or a fault of the machine the user can fix (full disk, file-size limit, read-only or unwritable output
     folder: :func:`fault_message`) becomes ``error: <one line>`` and exit 2, followed under ``dvc repro`` by
     how to restore the outputs DVC removed before running the stage (:func:`restore_hint`); in a worker of a
@@ -35,7 +35,7 @@ def stage(main):
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         offline_defaults()
-        from dpnrepro.cpu_determinism import pin_threads
+        from dpnrepro.determinism.cpu import pin_threads
 
         pin_threads()
         from dpnrepro.errors import UserError
@@ -183,7 +183,7 @@ def hardware_label(*, measured_on: bool = False) -> str:
     """The hardware a result is labelled with.
 
     Results (``measured_on=False``): on CPU the class of machines that give the same bits (architecture,
-    pinned kernels, threads; cpu_determinism), not the CPU model, so that committed metrics stay
+    pinned kernels, threads; determinism.cpu), not the CPU model, so that committed metrics stay
     byte-identical across machines; on GPU the device model (GPU bits are per model). Timings
     (``measured_on=True``): the actual CPU model as well. Inside a training session
     (training/distributed.py) the session's device decides, so a CPU run on a GPU machine says CPU.
@@ -192,7 +192,7 @@ def hardware_label(*, measured_on: bool = False) -> str:
 
     import torch
 
-    from dpnrepro.cpu_determinism import describe
+    from dpnrepro.determinism.cpu import describe
 
     if torch.cuda.is_available() and session_device in (None, "cuda"):
         dev = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"

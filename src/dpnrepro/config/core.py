@@ -166,7 +166,7 @@ class TrainParams(_Section):
     grad_clip: float = Field(0.0, ge=0, description="global-norm clip; 0 = off")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="cpu and cuda give different bits")
-    deterministic: bool = Field(True, description="deterministic kernels (training/determinism.py)")
+    deterministic: bool = Field(True, description="deterministic kernels (determinism/cuda.py)")
 
     @model_validator(mode="after")
     def _consistent(self):

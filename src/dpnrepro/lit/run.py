@@ -35,7 +35,7 @@ LIT_CPU_THREADS = 1
 def pin_lit_threads() -> int:
     import os
 
-    from dpnrepro.cpu_determinism import THREADS_ENV
+    from dpnrepro.determinism.cpu import THREADS_ENV
 
     n = int(os.environ.get(THREADS_ENV, LIT_CPU_THREADS))
     torch.set_num_threads(n)

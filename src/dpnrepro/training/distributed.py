@@ -146,8 +146,8 @@ def session(device_name: str = "auto"):
 def process_session(device: str = "auto", deterministic: bool = True):
     """The one way into this process's session: the ``train.deterministic`` switch, then the process group
     (joined under torchrun) on ``device``. Determinism first: strict mode makes torch pick deterministic
-    NCCL reductions (no NVLS) when the group is created (training/determinism.py)."""
-    from dpnrepro.training import determinism
+    NCCL reductions (no NVLS) when the group is created (determinism/cuda.py)."""
+    from dpnrepro.determinism import cuda as determinism
 
     determinism.configure(deterministic)
     with session(device) as ctx:

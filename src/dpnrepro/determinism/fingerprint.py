@@ -1,15 +1,15 @@
 """Kernel fingerprint: a sha256 of the output of every kind of CPU op the pipeline runs, and the kernel
-choices in force (cpu_determinism's switches), so that a machine whose kernels give other bits is caught
+choices in force (determinism.cpu's switches), so that a machine whose kernels give other bits is caught
 by one fast test that names the op, not by an end-to-end hash 20 minutes later.
 
-``python -m dpnrepro.kernel_fingerprint`` prints the choices and the hashes; ``--check`` compares them
+``python -m dpnrepro.determinism.fingerprint`` prints the choices and the hashes; ``--check`` compares them
 with the committed ``tests/fixtures/kernel_fingerprint.json`` (exit 1 naming the ops that differ);
-``--write`` records them there; ``--switches`` flips each switch of cpu_determinism alone, in a fresh
+``--write`` records them there; ``--switches`` flips each switch of determinism.cpu alone, in a fresh
 process, and reports which ops' bits it changes on this CPU (the evidence for each switch).
 
 Inputs are real Fashion-MNIST images (the smoke data) where the op is a data op, and seeded normal
 tensors of the smoke models' sizes (Mu/7: width 64, 16 tokens + cls, 4 heads, MLP 256, batch 64) for the
-tensor kernels. Every op runs on the threads a stage runs on (:func:`cpu_determinism.pin_threads`).
+tensor kernels. Every op runs on the threads a stage runs on (:func:`dpnrepro.determinism.cpu.pin_threads`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 
 import dpnrepro  # noqa: F401  (pins the kernel choices before numpy, torch or cv2 load)
-from dpnrepro.cpu_determinism import INSTRUCTION_SET_ENV, KERNELS_ENV, describe, library_choices, pin_threads
+from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV, describe, library_choices, pin_threads
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
-COMMITTED = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kernel_fingerprint.json"
+COMMITTED = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "kernel_fingerprint.json"
 BATCH, TOKENS, WIDTH, HEADS, MLP = 64, 17, 64, 4, 256
 
 
@@ -287,11 +287,11 @@ UNPINNED_TRIED = {"OPENCV_CPU_DISABLE": "AVX512-SKX", "OPENCV_IPP": "disabled"}
 
 
 def _switch_sweep() -> dict:
-    """Each switch of cpu_determinism set, alone, to what another CPU's library would choose, in a fresh
+    """Each switch of determinism.cpu set, alone, to what another CPU's library would choose, in a fresh
     process: which ops' bits it changes (where this CPU can run that choice)."""
     pinned = {k: v for k, v in os.environ.items() if k != KERNELS_ENV}
     pinned.update(INSTRUCTION_SET_ENV, **{KERNELS_ENV: "environment"})  # each switch exactly as set below
-    code = ("import json, sys, dpnrepro.kernel_fingerprint as k; "
+    code = ("import json, sys, dpnrepro.determinism.fingerprint as k; "
             "print(json.dumps(k.fingerprint(onednn_convolutions=sys.argv[1] == '1')))")
 
     def run(env, onednn="0"):
@@ -308,7 +308,7 @@ def _switch_sweep() -> dict:
 
 
 _COST_PROBE = """
-import dpnrepro.kernel_fingerprint as k
+import dpnrepro.determinism.fingerprint as k
 import json, time, torch, torch.nn.functional as F
 k.pin_threads()
 t = time.perf_counter(); k.training_run(); train = time.perf_counter() - t
