@@ -1,9 +1,10 @@
-"""GPU-made artifacts, cached and pulled: a GPU run's DVC outputs packed as one file, regenerated
-into reports on a CPU machine without training a step.
+"""DVC outputs carried between machines without a shared remote: a run's outputs packed as one file
+(``dvc push`` to a local remote, tarred), unpacked elsewhere (``dvc pull``) and regenerated into reports
+without training a step. Made for GPU runs on a lent machine (benchmarks/measured/run_gpu.sh), read on a CPU.
 
-On the GPU machine, at the end of a run (benchmarks/measured/run_gpu.sh, phase `pack`)::
+On the machine that ran the stages::
 
-    python -m dpnrepro.gpu_artifacts pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
+    python -m dpnrepro.dvc_pack pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
 
 ``dvc push`` of the cached outputs of ``--stages`` to a local remote, packed with the run's dvc.lock,
 dvc.yaml and params.yaml, the stages' uncached outputs (``cache: false``: metrics JSON) and the ``--compare``
@@ -12,7 +13,7 @@ A pack over 15 MiB is cut into ``.partNN`` files (a GPU run returns files of at 
 
 On a CPU machine, in a checkout of the same revision::
 
-    python -m dpnrepro.gpu_artifacts unpack gpu_artifacts.tar.gz [--repro table1 ...]
+    python -m dpnrepro.dvc_pack unpack gpu_artifacts.tar.gz [--repro table1 ...]
 
 puts the GPU run's dvc.lock / dvc.yaml / params.yaml and uncached outputs in place, ``dvc pull``s the cached
 ones from the packed remote, and with ``--repro`` runs ``dvc repro`` of those targets: refused up front when
@@ -39,7 +40,7 @@ import yaml
 
 from dpnrepro.errors import UserError
 
-REMOTE = "gpu-artifacts"
+REMOTE = "dvc-pack"
 MANIFEST = "manifest.json"
 PART_BYTES = 15 * 2**20
 PIPELINE_FILES = ("dvc.lock", "dvc.yaml", "params.yaml")
@@ -111,7 +112,7 @@ def pack(out: Path, stages: list[str], compare: list[str], root: Path = Path("."
     """Push ``stages``' cached outputs to a fresh local remote and pack it (see the module docstring);
     returns the files written (``out`` or its parts)."""
     root = root.resolve()
-    with tempfile.TemporaryDirectory(prefix="gpu_artifacts_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dvc_pack_") as tmp:
         remote = Path(tmp) / "remote"
         remote.mkdir()
         _dvc(["remote", "add", "--local", "-f", REMOTE, str(remote)], root)
@@ -160,7 +161,7 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     """Restore a pack into the DVC project ``root`` (see the module docstring); returns the manifest with
     ``ran`` (the stages ``dvc repro`` ran) and ``compared`` (files checked byte-identical)."""
     root = root.resolve()
-    dest = root / ".dvc" / "tmp" / "gpu_artifacts"  # git-ignored (.dvc/.gitignore: /tmp)
+    dest = root / ".dvc" / "tmp" / "dvc_pack"  # git-ignored (.dvc/.gitignore: /tmp)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(_read_pack(path)), mode="r:gz") as tar:
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"unpacked {args.pack} (git {str(m.get('git_rev'))[:12]}, stages {m['stages']}); "
                   f"dvc repro ran {m['ran'] or 'nothing'}; {len(m['compared'])} file(s) byte-identical to the GPU's")
     except UserError as exc:
-        raise SystemExit(f"gpu_artifacts: {exc}") from None
+        raise SystemExit(f"dvc_pack: {exc}") from None
 
 
 if __name__ == "__main__":

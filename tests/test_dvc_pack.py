@@ -1,4 +1,4 @@
-"""GPU-made artifacts, cached and pulled (src/dpnrepro/gpu_artifacts.py), checked on the CPU: a
+"""Carried DVC outputs (src/dpnrepro/dvc_pack.py), checked on the CPU: a
 "GPU" project (here: the CPU) runs `dvc repro table6` and packs its training and evaluation outputs as one file
 through `dvc push` to a local remote; a fresh checkout unpacks it, `dvc pull`s, and `dvc repro table6`
 regenerates the report byte-identical without training a step (prepare reruns from the raw data and gives
@@ -33,7 +33,7 @@ def packed(tmp_path_factory):
     log = run(["dvc", "repro", "table6"], gpu).stdout
     assert "Running stage 'train-table6'" in log
     out = tmp_path_factory.mktemp("out") / "gpu_artifacts.tar.gz"
-    run([sys.executable, "-m", "dpnrepro.gpu_artifacts", "pack", str(out), "--stages", *STAGES, "--compare", *REPORT],
+    run([sys.executable, "-m", "dpnrepro.dvc_pack", "pack", str(out), "--stages", *STAGES, "--compare", *REPORT],
         gpu)
     return gpu, out
 
@@ -47,7 +47,7 @@ def test_a_fresh_checkout_pulls_the_packed_outputs_and_regenerates_the_report_wi
     train_py = (cpu / "stages/train.py").read_text()
     (cpu / "stages/train.py").write_text(train_py + "# another revision\n")
     git_init(cpu)
-    unpack = [sys.executable, "-m", "dpnrepro.gpu_artifacts", "unpack", str(out), "--repro", "table6"]
+    unpack = [sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out), "--repro", "table6"]
     refused = run(unpack, cpu, check=False)
     assert refused.returncode != 0
     assert "would rerun the GPU-made stage(s) ['train-table6'" in refused.stderr, refused.stderr
