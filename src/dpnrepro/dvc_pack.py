@@ -11,7 +11,8 @@ dvc.yaml and params.yaml, the stages' uncached outputs (``cache: false``: metric
 files (what the CPU side must regenerate byte for byte), plus a manifest (git revision, stages, files).
 A pack over 15 MiB is cut into ``.partNN`` files (a GPU run returns files of at most 16 MiB).
 
-On a CPU machine, in a checkout of the same revision::
+On another machine, in a checkout of the same revision (any other revision is refused: the pack's
+dvc.lock / dvc.yaml / params.yaml would overwrite that checkout's)::
 
     python -m dpnrepro.dvc_pack unpack gpu_artifacts.tar.gz [--repro table1 ...]
 
@@ -73,25 +74,29 @@ def uncached_outputs(root: Path, stages: list[str]) -> list[str]:
 
 
 def upstream_stages(root: Path, stages: list[str]) -> list[str]:
-    """Every stage of ``root``'s dvc.yaml that ``stages`` depend on, directly or not (dependencies first)."""
-    body = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    producer = {}
-    for name, stage in body.items():
-        for kind in ("outs", "metrics", "plots"):
-            for out in stage.get(kind, []):
-                producer[next(iter(out)) if isinstance(out, dict) else out] = name
-    order: list[str] = []
+    """Every stage that ``stages`` (of ``root``'s dvc.yaml) depend on, directly or not, dependencies first,
+    from DVC's own stage graph (a dependency inside or above another stage's output is an edge)."""
+    import networkx as nx
+    from dvc.repo import Repo
 
-    def visit(name: str) -> None:
-        for dep in body[name].get("deps", []):
-            up = producer.get(dep)
-            if up and up not in order:
-                visit(up)
-                order.append(up)
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph  # an edge goes from a stage to a stage it depends on
 
-    for name in stages:
-        visit(name)
-    return order
+        def address(node) -> str:  # as `dvc repro` takes it from the project's root
+            rel = os.path.relpath(node.path, repo.root_dir)
+            name = getattr(node, "name", None)
+            return rel if not name else name if rel == "dvc.yaml" else f"{rel}:{name}"
+
+        by_name = {address(node): node for node in graph}
+        missing = [name for name in stages if name not in by_name]
+        if missing:
+            raise UserError(f"no stage {missing[0]!r} in dvc.yaml")
+        up = set().union(*(nx.descendants(graph, by_name[name]) for name in stages))
+        order = []
+        for name in stages:
+            order += [address(node) for node in nx.dfs_postorder_nodes(graph, by_name[name])
+                      if node in up and address(node) not in order]
+        return order
 
 
 def _rev(root: Path) -> str | None:
@@ -167,10 +172,12 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     with tarfile.open(fileobj=io.BytesIO(_read_pack(path)), mode="r:gz") as tar:
         tar.extractall(dest, filter="data")
     manifest = json.loads((dest / MANIFEST).read_text())
-    here = _rev(root)
-    if manifest.get("git_rev") and here and manifest["git_rev"] != here:
-        print(f"unpack: packed at {manifest['git_rev'][:12]}, this checkout is {here[:12]}: stages whose code "
-              "changed since will show as changed")
+    packed, here = manifest.get("git_rev"), _rev(root)
+    if not packed:
+        raise UserError("the pack records no git revision, so no checkout can be shown to match it; nothing was changed")
+    if packed != here:  # its pipeline files are not this checkout's: never overwrite them
+        raise UserError(f"packed at revision {packed}, this checkout is {here or 'no git checkout'}: unpack into a "
+                        f"checkout of {packed} (git worktree add DIR {packed}); nothing was changed")
     for name in PIPELINE_FILES:
         shutil.copy2(dest / "pipeline" / name, root / name)
     for rel in manifest["uncached"] + manifest.get("extra", []):
@@ -232,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"unpacked {args.pack} (git {str(m.get('git_rev'))[:12]}, stages {m['stages']}); "
                   f"dvc repro ran {m['ran'] or 'nothing'}; {len(m['compared'])} file(s) byte-identical to the GPU's")
     except UserError as exc:
-        raise SystemExit(f"dvc_pack: {exc}") from None
+        print(f"dvc_pack: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
