@@ -87,6 +87,7 @@ for c in $(seq 0 $(( COPIES - 1 ))); do
   tar -C "$SRC" --exclude=./.git --exclude=./.venv --exclude=./.gpu_carry --exclude=./.whl --exclude=./data \
     --exclude=./runs --exclude=./dvclive --exclude=./checkpoints --exclude=./.dvc/cache --exclude=./.dvc/tmp \
     --exclude=./.dvc/config.local -cf - . | tar -C "$d" -xf - || exit 1
+  rm -f "$d/dvc.lock"  # the committed lock is the CPU run's: this run's lock holds only what it ran
   cp "${PARAMS:-profiles/smoke.yaml}" "$d/params.yaml" || exit 1
   (cd "$d" && "$PY" scripts/set_params.py train.device=$DEV segmentation.device=$DEV lit.train.device=$DEV \
      && "$PY" -m dpnrepro.pipeline > /dev/null \
