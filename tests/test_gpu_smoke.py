@@ -23,7 +23,7 @@ def test_the_dry_run_repros_twice_compares_every_output_hash_and_packs(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(stage_env(), DRY_RUN="1", PARAMS=str(tmp_path / "params.yaml"), TARGETS="table6", WORK=str(work),
-               OUT=str(out), PYTHON=sys.executable, BUDGET_S="1500")
+               OUT=str(out), PYTHON=sys.executable, BUDGET_S="1500", CARRY=str(tmp_path / "no_carry"))
     env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env.pop("DPNREPRO_CPU_THREADS")  # the script gives each copy its share of the cores
     proc = subprocess.run(["bash", "benchmarks/measured/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True,

@@ -19,7 +19,7 @@
 # call go on where they stopped (DVC keeps finished stages, a training stage resumes from its checkpoint).
 # On exit RES (logs, jobs.tsv, dvc.lock of each copy, a's reports/ and metrics/) is packed as
 # $OUT/gpu_smoke_results.tar.gz. mmcv (segmentation) is built once from the carried sdist with the GPU hidden
-# (CPU ops only: what the Segmenter-linear model needs) when `import mmcv.ops` fails.
+# (CPU ops only: what the Segmenter-linear model needs) when `import mmcv.ops` fails (not in a dry run).
 set -u -o pipefail
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
@@ -63,7 +63,7 @@ if [ -d "$CARRY/wordnet" ] && [ ! -f /usr/share/wordnet/data.noun ]; then
     case $f in *.gz) gunzip -c "$f" > "/usr/share/wordnet/$(basename "${f%.gz}")" ;; *) cp "$f" /usr/share/wordnet/ ;; esac
   done
 fi
-if ! "$PY" -c "import mmcv.ops" 2>/dev/null && ls "$CARRY"/mmcv-src/mmcv-*.tar.gz >/dev/null 2>&1; then
+if [ "$DRY" != 1 ] && ! "$PY" -c "import mmcv.ops" 2>/dev/null && ls "$CARRY"/mmcv-src/mmcv-*.tar.gz >/dev/null 2>&1; then
   t=$(date +%s)
   CUDA_VISIBLE_DEVICES= MMCV_SDIST=$(ls "$CARRY"/mmcv-src/mmcv-*.tar.gz | head -1) PIP_TARGET=/tmp/site PY=$PY \
     MAX_JOBS=$CPUS bash scripts/build_mmcv.sh > "$RES/build_mmcv.log" 2>&1
