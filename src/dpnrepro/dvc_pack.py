@@ -17,9 +17,10 @@ dvc.lock / dvc.yaml / params.yaml would overwrite that checkout's)::
     python -m dpnrepro.dvc_pack unpack gpu_artifacts.tar.gz [--repro table1 ...]
 
 puts the GPU run's dvc.lock / dvc.yaml / params.yaml and uncached outputs in place, ``dvc pull``s the cached
-ones from the packed remote, and with ``--repro`` runs ``dvc repro`` of those targets: refused up front when
-``dvc repro --dry`` would run a stage of ``--stages`` (a training stage whose deps differ from the GPU run's:
-code, params or prepared data), then every ``--compare`` file is checked byte for byte against the GPU's.
+ones from the packed remote, and with ``--repro`` reruns the data stages the packed ones read (not packed:
+remade from the raw data), refuses when ``dvc status`` then says a stage of ``--stages`` would run (its deps
+differ from the packing run's: code, params or prepared data), runs ``dvc repro`` of the targets, and checks
+every ``--compare`` file byte for byte against the packed one.
 """
 
 from __future__ import annotations
