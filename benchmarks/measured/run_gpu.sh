@@ -13,8 +13,8 @@
 # cut to what is left of the budget less PACK_RESERVE_S), so a stopped job never stops the rest
 # (TESTS_IN_BACKGROUND=1: the `tests` phase runs beside the later phases, sharing the GPU). On exit,
 # even after an error or a signal, RES is packed into ONE file, $OUT/gpu_results.tar.gz (RES.tar.gz without
-# OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/gpu_artifacts.py;
-# on a CPU machine: python -m dpnrepro.gpu_artifacts unpack FILE). `collect` (python
+# OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/dvc_pack.py;
+# on a CPU machine: python -m dpnrepro.dvc_pack unpack FILE). `collect` (python
 # tools/gpu_validation.py collect RES) writes benchmarks/measured/gpu_validation.json and
 # reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on the bare GPU
 # image carry the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) and run `env` first.
@@ -211,7 +211,7 @@ from dpnrepro.reports.tables import summarize_sweep
 metrics = json.load(open("metrics/table1.json"))
 json.dump(summarize_sweep(metrics), open(f"{sys.argv[1]}/table1_summary.json", "w"), indent=1, default=str)
 PY
-  $PY -m dpnrepro.gpu_artifacts pack "${OUT:-$RES}/gpu_artifacts.tar.gz" --stages train-table1 --extra metrics/table1.json \
+  $PY -m dpnrepro.dvc_pack pack "${OUT:-$RES}/gpu_artifacts.tar.gz" --stages train-table1 --extra metrics/table1.json \
     2>&1 | tee "$RES/table1_pack.log"
 }
 

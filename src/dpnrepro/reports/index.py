@@ -54,6 +54,8 @@ STATIC_REPORTS = (
     ("input_pipeline.md", "Input pipeline throughput", "`dvc repro benchmarks/dvc.yaml`"),
     ("benchmarks_gpu.md", "Training throughput, GPU", "measured on a GPU machine, committed with "
                                                        "`benchmarks/measured/gpu_throughput_summary.json`"),
+    ("gpu/README.md", "The smoke pipeline on a GPU", "`benchmarks/measured/gpu_smoke.sh` on a GPU machine, "
+                                                     "committed under `reports/gpu/`"),
     ("reliability.md", "What happens when things go wrong", "hand-written"),
 )
 

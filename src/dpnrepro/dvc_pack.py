@@ -1,23 +1,26 @@
-"""GPU-made artifacts, cached and pulled: a GPU run's DVC outputs packed as one file, regenerated
-into reports on a CPU machine without training a step.
+"""DVC outputs carried between machines without a shared remote: a run's outputs packed as one file
+(``dvc push`` to a local remote, tarred), unpacked elsewhere (``dvc pull``) and regenerated into reports
+without training a step. Made for GPU runs on a lent machine (benchmarks/measured/run_gpu.sh), read on a CPU.
 
-On the GPU machine, at the end of a run (benchmarks/measured/run_gpu.sh, phase `pack`)::
+On the machine that ran the stages::
 
-    python -m dpnrepro.gpu_artifacts pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
+    python -m dpnrepro.dvc_pack pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
 
 ``dvc push`` of the cached outputs of ``--stages`` to a local remote, packed with the run's dvc.lock,
 dvc.yaml and params.yaml, the stages' uncached outputs (``cache: false``: metrics JSON) and the ``--compare``
 files (what the CPU side must regenerate byte for byte), plus a manifest (git revision, stages, files).
 A pack over 15 MiB is cut into ``.partNN`` files (a GPU run returns files of at most 16 MiB).
 
-On a CPU machine, in a checkout of the same revision::
+On another machine, in a checkout of the same revision (any other revision is refused: the pack's
+dvc.lock / dvc.yaml / params.yaml would overwrite that checkout's)::
 
-    python -m dpnrepro.gpu_artifacts unpack gpu_artifacts.tar.gz [--repro table1 ...]
+    python -m dpnrepro.dvc_pack unpack gpu_artifacts.tar.gz [--repro table1 ...]
 
 puts the GPU run's dvc.lock / dvc.yaml / params.yaml and uncached outputs in place, ``dvc pull``s the cached
-ones from the packed remote, and with ``--repro`` runs ``dvc repro`` of those targets: refused up front when
-``dvc repro --dry`` would run a stage of ``--stages`` (a training stage whose deps differ from the GPU run's:
-code, params or prepared data), then every ``--compare`` file is checked byte for byte against the GPU's.
+ones from the packed remote, and with ``--repro`` reruns the data stages the packed ones read (not packed:
+remade from the raw data), refuses when ``dvc status`` then says a stage of ``--stages`` would run (its deps
+differ from the packing run's: code, params or prepared data), runs ``dvc repro`` of the targets, and checks
+every ``--compare`` file byte for byte against the packed one.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import yaml
 
 from dpnrepro.errors import UserError
 
-REMOTE = "gpu-artifacts"
+REMOTE = "dvc-pack"
 MANIFEST = "manifest.json"
 PART_BYTES = 15 * 2**20
 PIPELINE_FILES = ("dvc.lock", "dvc.yaml", "params.yaml")
@@ -72,25 +75,29 @@ def uncached_outputs(root: Path, stages: list[str]) -> list[str]:
 
 
 def upstream_stages(root: Path, stages: list[str]) -> list[str]:
-    """Every stage of ``root``'s dvc.yaml that ``stages`` depend on, directly or not (dependencies first)."""
-    body = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    producer = {}
-    for name, stage in body.items():
-        for kind in ("outs", "metrics", "plots"):
-            for out in stage.get(kind, []):
-                producer[next(iter(out)) if isinstance(out, dict) else out] = name
-    order: list[str] = []
+    """Every stage that ``stages`` (of ``root``'s dvc.yaml) depend on, directly or not, dependencies first,
+    from DVC's own stage graph (a dependency inside or above another stage's output is an edge)."""
+    import networkx as nx
+    from dvc.repo import Repo
 
-    def visit(name: str) -> None:
-        for dep in body[name].get("deps", []):
-            up = producer.get(dep)
-            if up and up not in order:
-                visit(up)
-                order.append(up)
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph  # an edge goes from a stage to a stage it depends on
 
-    for name in stages:
-        visit(name)
-    return order
+        def address(node) -> str:  # as `dvc repro` takes it from the project's root
+            rel = os.path.relpath(node.path, repo.root_dir)
+            name = getattr(node, "name", None)
+            return rel if not name else name if rel == "dvc.yaml" else f"{rel}:{name}"
+
+        by_name = {address(node): node for node in graph}
+        missing = [name for name in stages if name not in by_name]
+        if missing:
+            raise UserError(f"no stage {missing[0]!r} in dvc.yaml")
+        up = set().union(*(nx.descendants(graph, by_name[name]) for name in stages))
+        order = []
+        for name in stages:
+            order += [address(node) for node in nx.dfs_postorder_nodes(graph, by_name[name])
+                      if node in up and address(node) not in order]
+        return order
 
 
 def _rev(root: Path) -> str | None:
@@ -111,7 +118,7 @@ def pack(out: Path, stages: list[str], compare: list[str], root: Path = Path("."
     """Push ``stages``' cached outputs to a fresh local remote and pack it (see the module docstring);
     returns the files written (``out`` or its parts)."""
     root = root.resolve()
-    with tempfile.TemporaryDirectory(prefix="gpu_artifacts_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dvc_pack_") as tmp:
         remote = Path(tmp) / "remote"
         remote.mkdir()
         _dvc(["remote", "add", "--local", "-f", REMOTE, str(remote)], root)
@@ -160,16 +167,18 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     """Restore a pack into the DVC project ``root`` (see the module docstring); returns the manifest with
     ``ran`` (the stages ``dvc repro`` ran) and ``compared`` (files checked byte-identical)."""
     root = root.resolve()
-    dest = root / ".dvc" / "tmp" / "gpu_artifacts"  # git-ignored (.dvc/.gitignore: /tmp)
+    dest = root / ".dvc" / "tmp" / "dvc_pack"  # git-ignored (.dvc/.gitignore: /tmp)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(_read_pack(path)), mode="r:gz") as tar:
         tar.extractall(dest, filter="data")
     manifest = json.loads((dest / MANIFEST).read_text())
-    here = _rev(root)
-    if manifest.get("git_rev") and here and manifest["git_rev"] != here:
-        print(f"unpack: packed at {manifest['git_rev'][:12]}, this checkout is {here[:12]}: stages whose code "
-              "changed since will show as changed")
+    packed, here = manifest.get("git_rev"), _rev(root)
+    if not packed:
+        raise UserError("the pack records no git revision, so no checkout can be shown to match it; nothing was changed")
+    if packed != here:  # its pipeline files are not this checkout's: never overwrite them
+        raise UserError(f"packed at revision {packed}, this checkout is {here or 'no git checkout'}: unpack into a "
+                        f"checkout of {packed} (git worktree add DIR {packed}); nothing was changed")
     for name in PIPELINE_FILES:
         shutil.copy2(dest / "pipeline" / name, root / name)
     for rel in manifest["uncached"] + manifest.get("extra", []):
@@ -231,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"unpacked {args.pack} (git {str(m.get('git_rev'))[:12]}, stages {m['stages']}); "
                   f"dvc repro ran {m['ran'] or 'nothing'}; {len(m['compared'])} file(s) byte-identical to the GPU's")
     except UserError as exc:
-        raise SystemExit(f"gpu_artifacts: {exc}") from None
+        print(f"dvc_pack: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,130 @@
+"""Carried DVC outputs (src/dpnrepro/dvc_pack.py), checked on the CPU.
+
+The round trip: a project with tiny params runs `dvc repro table6` and packs its training and evaluation
+outputs as one file through `dvc push` to a local remote; a clone of the same revision unpacks it,
+`dvc pull`s, and `dvc repro table6` regenerates the report byte-identical without training a step (prepare
+reruns from the raw data and gives the same hash). A working tree whose training code differs is refused
+before a training or report stage runs; a checkout of another revision is refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, copy_project, git_init, run, tiny_params, write_params
+
+from dpnrepro.dvc_pack import upstream_stages
+
+STAGES = ["train-table6", "evaluate-table6"]
+REPORT = ["reports/table6.md", "reports/table6.png", "metrics/table6_summary.json", "metrics/headline/table6.json"]
+PIPELINE = ("dvc.yaml", "params.yaml", "dvc.lock")
+
+
+def _dvc_project(root: Path, stages: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    (root / "params.yaml").write_text("x: 1\n")
+    run(["git", "init", "-q"], root)
+    run(["dvc", "init", "-q"], root)
+    git_init(root)
+    return root
+
+
+def test_upstream_stages_follow_a_dependency_inside_another_stages_output(tmp_path):
+    """`train` reads data/upstream/jft, inside `prepare`'s output data/upstream: DVC's graph has that edge."""
+    write = f"{sys.executable} -c \"import os; os.makedirs('data/upstream/jft', exist_ok=True)\""
+    root = _dvc_project(tmp_path / "p", {
+        "raw": {"cmd": "echo", "outs": ["raw.txt"]},
+        "prepare": {"cmd": write, "deps": ["raw.txt"], "outs": ["data/upstream"]},
+        "train": {"cmd": "echo", "deps": ["data/upstream/jft"], "outs": ["model.txt"]},
+        "report": {"cmd": "echo", "deps": ["model.txt"], "outs": ["report.md"]},
+        "other": {"cmd": "echo", "outs": ["other.txt"]},
+    })
+    assert upstream_stages(root, ["train"]) == ["raw", "prepare"]
+    assert upstream_stages(root, ["report"]) == ["raw", "prepare", "train"]
+
+
+def test_upstream_stages_of_the_pipelines_jft_training_include_prepare():
+    assert upstream_stages(REPO, ["train-jft_220k"]) == ["export_imagefolder", "prepare"]
+
+
+def _pack(project: Path, out: Path, stages: list[str], *extra: str) -> None:
+    run([sys.executable, "-m", "dpnrepro.dvc_pack", "pack", str(out), "--stages", *stages, *extra], project)
+
+
+def test_unpack_into_a_checkout_of_another_revision_is_refused_and_changes_nothing(tmp_path):
+    made = _dvc_project(tmp_path / "made", {"make": {"cmd": "echo made > out.txt", "outs": ["out.txt"]}})
+    run(["dvc", "repro"], made)
+    out = tmp_path / "pack.tar.gz"
+    _pack(made, out, ["make"])
+    other = tmp_path / "other"
+    run(["git", "clone", "-q", str(made), str(other)], tmp_path)
+    (other / "params.yaml").write_text("x: 2\n")
+    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "another revision"], other)
+    before = {name: (other / name).read_bytes() if (other / name).exists() else None for name in PIPELINE}
+    refused = run([sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out)], other, check=False)
+    assert refused.returncode == 2, refused
+    assert len(refused.stderr.strip().splitlines()) == 1 and "packed at revision" in refused.stderr, refused.stderr
+    assert {name: (other / name).read_bytes() if (other / name).exists() else None for name in PIPELINE} == before
+    assert not (other / "out.txt").exists() and not (other / ".dvc/config.local").exists()
+
+    run(["git", "checkout", "-q", "HEAD~1"], other)  # the packed revision: unpacked
+    run([sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out)], other)
+    assert (other / "out.txt").read_text() == "made\n"
+    assert (other / "dvc.lock").read_bytes() == (made / "dvc.lock").read_bytes()
+
+
+def _tiny_project(root: Path) -> Path:
+    copy_project(root)
+    params = tiny_params(**{"train.steps": 4, "train.warmup_steps": 1})
+    params["export_imagefolder"] = None  # tiny_params reads the idx files directly
+    params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
+    write_params(root, params)
+    run([sys.executable, "-m", "dpnrepro.pipeline"], root)  # dvc.yaml as `make profile` makes it
+    git_init(root)
+    return root
+
+
+@pytest.mark.slow
+def test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training(tmp_path):
+    """First with other training code in the working tree (refused once the data stages ran: `dvc repro`
+    would train again), then as committed: pulled, `dvc status` names no stage, the report regenerated
+    byte-identical, no train or evaluate stage run."""
+    made = _tiny_project(tmp_path / "made")
+    assert "Running stage 'train-table6'" in run(["dvc", "repro", "table6"], made).stdout
+    out = tmp_path / "out" / "gpu_artifacts.tar.gz"
+    _pack(made, out, STAGES, "--compare", *REPORT)
+    assert out.is_file() and "cache" not in (made / ".dvc/config.local").read_text()  # one file; the remote only
+
+    cpu = tmp_path / "cpu"
+    run(["git", "clone", "-q", str(made), str(cpu)], tmp_path)  # the same revision, no outputs, no cache
+    assert not (cpu / "runs").exists() and not (cpu / ".dvc/cache").exists()
+    train_py = (cpu / "stages/train.py").read_text()
+    (cpu / "stages/train.py").write_text(train_py + "# another training code\n")
+    unpack = [sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out), "--repro", "table6"]
+    refused = run(unpack, cpu, check=False)
+    assert refused.returncode == 2
+    assert "would rerun the GPU-made stage(s) ['train-table6'" in refused.stderr, refused.stderr
+    assert not (cpu / "reports/table6.md").exists() or \
+        (cpu / "reports/table6.md").read_bytes() != (made / "reports/table6.md").read_bytes()  # not regenerated
+
+    (cpu / "stages/train.py").write_text(train_py)
+    log = run(unpack, cpu).stdout
+    assert "dvc repro ran ['table6']" in log, log  # prepare's outputs (remade from the raw data above) match
+    assert f"{len(REPORT)} file(s) byte-identical" in log, log
+    for rel in REPORT:
+        assert (cpu / rel).read_bytes() == (made / rel).read_bytes(), rel
+    assert (cpu / "dvc.lock").read_text() == (made / "dvc.lock").read_text()
+    assert "up to date" in run(["dvc", "status", "table6"], cpu).stdout
+    again = run(["dvc", "repro", "table6"], cpu).stdout
+    assert "Running stage" not in again, again
+    for rel in REPORT:  # the report alone, remade from the pulled outputs: the same bytes
+        (cpu / rel).unlink()
+    again = run(["dvc", "repro", "--force", "--single-item", "table6"], cpu).stdout
+    assert "Running stage 'table6'" in again and "train-" not in again, again
+    for rel in REPORT:
+        assert (cpu / rel).read_bytes() == (made / rel).read_bytes(), rel
