@@ -4,7 +4,8 @@ costs about a second to build; a process with torch + mmseg imports several).
 
 A completed run is read back from ``checkpoints/seg/<run>/`` (persistent), a killed one resumes from
 its last mmengine checkpoint there. Writes ``runs/seg/<run>/`` (segmentor weights as safetensors,
-config, result) and ``metrics/seg.json``. One run: ``--stem dpn --fraction 1/16 --seed 3``.
+config, result) and ``metrics/seg.json``. One run: ``--stem dpn --fraction 1/4 --seed 0``
+(each flag must name a value of the params' sweep).
 With ``runtime.devices`` > 1 it spreads itself over that many processes (training/launch.py): every rank
 trains every run (mmengine's DDP), rank 0 alone writes.
 """
@@ -33,6 +34,13 @@ def main() -> None:
     from dpnrepro.training.launch import stage_session
 
     hide_gpus_for_cpu(seg.device)
+    for flag, value, valid in (("--stem", args.stem, seg.stems), ("--fraction", args.fraction, seg.fractions),
+                               ("--seed", args.seed, seg.seeds)):
+        if value is not None and value not in valid:
+            from dpnrepro.errors import ParamsError
+
+            raise ParamsError(f"{flag} {value!r} is not a run of segmentation in params.yaml; "
+                              f"choose from {', '.join(map(str, valid))}")
     runs = [r for r in itertools.product(seg.stems, seg.fractions, seg.seeds)
             if (args.stem in (None, r[0]) and args.fraction in (None, r[1]) and args.seed in (None, r[2]))]
     single = any(v is not None for v in (args.stem, args.fraction, args.seed))

@@ -166,3 +166,17 @@ def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked
     assert restore_hint({**env, "DVC_STAGE": "table1"}).endswith(
         "; `git checkout -- reports/table1.md metrics/headline/table1.json` restores them)")
     assert restore_hint({**env, "DVC_STAGE": "sub/dvc.yaml:bench"}) == ""  # persist: DVC keeps it
+
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--stem", "dpnn"], "--stem 'dpnn' is not a run of segmentation in params.yaml; choose from"),
+    (["--fraction", "1/16"], "--fraction '1/16' is not a run of segmentation in params.yaml; choose from"),
+    (["--seed", "3"], "--seed 3 is not a run of segmentation in params.yaml; choose from"),
+])
+def test_segment_one_run_flags_name_the_valid_values(tmp_path, flags, expect):
+    """A filter that matches no run of the params is refused in one line, not 'trained 0 run(s)'."""
+    project = copy_project(tmp_path / "p")
+    proc = run([sys.executable, "stages/segment.py", *flags], project, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expect in lines[0], proc.stderr
+    assert not (project / "checkpoints").exists() and not (project / "runs").exists()

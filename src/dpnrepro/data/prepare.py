@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from dpnrepro.data.pixel_store import STORE_DIR, write_split_store
 from dpnrepro.data.sources import load_source
 from dpnrepro.errors import DatasetError
-from dpnrepro.io import atomic_dir, write_json_atomic
+from dpnrepro.io import atomic_dir, read_json, write_json_atomic
 
 SPLITS = ("train", "minival", "val")
 PREPARED = Path("data/prepared")
@@ -297,11 +297,5 @@ def _drop_source_sizes(info_path: Path) -> None:
 
 
 def load_manifest(prepared_dir: str | Path) -> dict:
-    path = Path(prepared_dir) / "manifest.json"
-    if not path.exists():
-        raise DatasetError(f"no prepared dataset at {prepared_dir} (missing manifest.json); run `dvc repro prepare`")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path} is not valid JSON ({exc}; truncated?); rerun `dvc repro prepare` or restore it "
-                           "with `dvc checkout prepare`") from None
+    return read_json(Path(prepared_dir) / "manifest.json", error=DatasetError,
+                     fix="rerun `dvc repro prepare` or restore it with `dvc checkout prepare`")

@@ -33,17 +33,9 @@ def save_png(fig, path: Path) -> None:
 def read_metrics(path: Path, stage: str) -> dict:
     """The metrics JSON a report is built from; a one-line error naming the stage that writes it if missing
     or unreadable."""
-    import json
+    from dpnrepro.io import read_json
 
-    from dpnrepro.errors import UserError
-
-    if not path.exists():
-        raise UserError(f"{path} is missing; run `dvc repro {stage}` first")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}; truncated?); rebuild it with `dvc repro --force {stage}` "
-                        f"or restore it with `dvc checkout {stage}`") from None
+    return read_json(path, fix=f"rebuild it with `dvc repro --force {stage}` or restore it with `dvc checkout {stage}`")
 
 
 def finish_delta_axes(axes) -> None:
