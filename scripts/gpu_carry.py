@@ -29,6 +29,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -82,6 +83,11 @@ def missing(report: dict, have: set[str]) -> list[str]:
     """``name==version`` of every package pip's install ``report`` resolved that ``have`` does not name."""
     found = {norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
     return [f"{n}=={v}" for n, v in sorted(found.items()) if n not in {norm(h) for h in have}]
+
+
+def fail(message: str) -> NoReturn:
+    print(f"gpu_carry: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def pip(*args: str) -> str:
@@ -144,12 +150,12 @@ def main() -> None:
     groups = ["core", *filter(None, args.extra.split(","))]
     unknown = set(groups) - set(GROUPS)
     if unknown:
-        raise SystemExit(f"gpu_carry: unknown group(s) {sorted(unknown)}; have {sorted(GROUPS)}")
+        fail(f"unknown group(s) {sorted(unknown)}; have {sorted(GROUPS)}")
     dest = (REPO / args.dest).resolve()
     if dest.is_relative_to(REPO):
         dest.mkdir(parents=True, exist_ok=True)  # a folder pattern (/.gpu_carry/) matches an existing folder only
         if subprocess.run(["git", "check-ignore", "-q", str(dest)], cwd=REPO).returncode != 0:
-            raise SystemExit(f"gpu_carry: {dest} is not git-ignored: it would travel twice (add it to .gitignore)")
+            fail(f"{dest} is not git-ignored: it would travel twice (add it to .gitignore)")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:  # all or nothing: an old folder stays until the end
         new = Path(tmp) / dest.name
         wheels(groups, new / "whl", Path(tmp))
@@ -166,23 +172,27 @@ def main() -> None:
                     shutil.copyfileobj(src, dst)
         dirty = git("status", "--porcelain", "--untracked-files=no")
         (new / "git_rev").write_text(git("rev-parse", "HEAD") + ("-dirty" if dirty else "") + "\n")  # no .git travels
+        lines = listing(new, dest, args.limit_mib)  # over the limit: stops here, and the folder stays as it was
         shutil.rmtree(dest, ignore_errors=True)
         new.rename(dest)
-    total, tree = mib(dest), checkout_mib()
-    print(f"gpu_carry: {len(list((dest / 'whl').glob('*.whl')))} wheels {mib(dest / 'whl'):.1f} MiB, "
-          f"{dest.name} {total:.1f} MiB + checkout {tree:.1f} MiB = {total + tree:.1f} MiB of {args.limit_mib:.0f}")
-    if total + tree <= args.limit_mib:
-        print(f"send with the checkout: {dest}")
-        return
-    parts = [[dest / p for p in names if (dest / p).exists()]
-             for names in (("whl", "mmcv-src", "git_rev"), ("fashion-mnist", "wordnet", "git_rev"))]
-    sizes = [sum(map(mib, part)) + tree for part in parts]
-    if max(sizes) > args.limit_mib:
-        raise SystemExit(f"gpu_carry: {total + tree:.1f} MiB is over the {args.limit_mib:.0f} MiB of one transfer, and "
-                         f"so is software or data alone ({sizes[0]:.1f}, {sizes[1]:.1f} MiB); leave a group out")
-    for n, (part, size) in enumerate(zip(parts, sizes), 1):  # each part keeps what the one before installed
-        print(f"part {n} ({size:.1f} MiB), with the checkout: {' '.join(map(str, part))}")
+    print("\n".join(lines))
 
+
+def listing(new: Path, dest: Path, limit: float) -> list[str]:
+    """The sizes of ``new`` (to become ``dest``) and what to send: all at once, or software then data."""
+    total, tree = mib(new), checkout_mib()
+    lines = [f"gpu_carry: {len(list((new / 'whl').glob('*.whl')))} wheels {mib(new / 'whl'):.1f} MiB, {dest.name} "
+             f"{total:.1f} MiB + checkout {tree:.1f} MiB = {total + tree:.1f} MiB of {limit:.0f}"]
+    if total + tree <= limit:
+        return [*lines, f"send with the checkout: {dest}"]
+    parts = [[p for p in names if (new / p).exists()]
+             for names in (("whl", "mmcv-src", "git_rev"), ("fashion-mnist", "wordnet", "git_rev"))]
+    sizes = [sum(mib(new / p) for p in part) + tree for part in parts]
+    if max(sizes) > limit:
+        fail(f"{total + tree:.1f} MiB is over the {limit:.0f} MiB of one transfer, and so is software or data alone "
+             f"({sizes[0]:.1f}, {sizes[1]:.1f} MiB); leave a group out")
+    return [*lines, *(f"part {n} ({size:.1f} MiB), with the checkout: {' '.join(str(dest / p) for p in part)}"
+                      for n, (part, size) in enumerate(zip(parts, sizes), 1))]  # each part keeps the one before
 
 if __name__ == "__main__":
     main()
