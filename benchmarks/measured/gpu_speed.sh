@@ -9,7 +9,7 @@
 # a job that cannot get MIN_JOB_S (30 s) is skipped and named in jobs.tsv. Whatever happens, the EXIT trap
 # summarises the levers and packs every result and log into $OUT/gpu_speed.tar.gz (one file).
 #
-#   bash benchmarks/measured/gpu_speed.sh                  # on the GPU (needs .whl/ carried: see README)
+#   bash benchmarks/measured/gpu_speed.sh                  # on the GPU (needs the wheels: see README)
 #   DRY_RUN=1 OUT=/tmp/x bash benchmarks/measured/gpu_speed.sh   # CPU, tiny sizes: checks the plumbing
 #   LEVERS=batch512,max_autotune bash benchmarks/measured/gpu_speed.sh levers   # some jobs / levers only
 set -u -o pipefail

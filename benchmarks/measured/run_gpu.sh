@@ -2,10 +2,10 @@
 # The GPU validation run (one GPU): CUDA tests, the training step on a fixed on-device batch ("synthetic":
 # real photos, no input pipeline) and the trainer's own loop on real JPEG input for B/16 and Ti/16, eager and
 # compiled, a profile of Ti/16's step, and the mini profile's `table1` sweep. Each phase writes under RES
-# (default /tmp/gpu_validation) and is skipped when its outputs exist, so the run can be split over calls:
+# (default /tmp/gpu_validation) and is skipped when its outputs exist, so the run can be split over several runs:
 #
 #   bash benchmarks/measured/run_gpu.sh                       # every phase
-#   bash benchmarks/measured/run_gpu.sh env tests table1      # some phases (what one lent-machine call runs)
+#   bash benchmarks/measured/run_gpu.sh env tests table1      # some phases (one part of a split run)
 #   DRY_RUN=1 bash benchmarks/measured/run_gpu.sh             # CPU: tiny sizes, checks the plumbing (tests/)
 #
 # phases: env tests step loop input profile mini table1 collect. Budget: the whole command gets
@@ -16,8 +16,8 @@
 # OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/dvc_pack.py;
 # on a CPU machine: python -m dpnrepro.dvc_pack unpack FILE). `collect` (python
 # tools/gpu_validation.py collect RES) writes benchmarks/measured/gpu_validation.json and
-# reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on the bare GPU
-# image carry the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) and run `env` first.
+# reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on a GPU machine without
+# network, copy the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) there and run `env` first.
 set -u -o pipefail
 BUDGET_S=${BUDGET_S:-570}
 PACK_RESERVE_S=${PACK_RESERVE_S:-25}
@@ -28,7 +28,7 @@ export PATH=/tmp/site/bin:$PATH  # dvc's console script, installed by `env`
 export PATH=$(dirname "$(command -v "$PY")"):$PATH  # dvc.yaml's stage commands call `python`
 DEV=cuda; [ "$DRY" = 1 ] && DEV=cpu
 CARRY=${CARRY:-.gpu_carry}
-# the revision the carried checkout was made from (no .git travels; make gpu-carry writes it)
+# the revision the copied checkout was made from (no .git is copied; make gpu-carry writes it)
 [ -z "${GIT_REV:-}" ] && [ -s "$CARRY/git_rev" ] && GIT_REV=$(cat "$CARRY/git_rev")
 export GIT_REV=${GIT_REV:-}
 
@@ -42,7 +42,7 @@ make_params() {  # make_params PROFILE KEY=VALUE...: params.yaml as `make profil
   $PY -m dpnrepro.pipeline || return 1
 }
 
-phase_env() {  # the carried wheels (make gpu-carry) into /tmp/site, Fashion-MNIST where the profiles read it
+phase_env() {  # the wheels of .gpu_carry (make gpu-carry) into /tmp/site, Fashion-MNIST where the profiles read it
   local whl=$CARRY/whl; [ -d "$whl" ] || whl=.whl
   if ls "$whl"/*.whl >/dev/null 2>&1 && ! $PY -c "import pydantic, datasets, dvc, dvclive" 2>/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl \
@@ -73,7 +73,7 @@ print(json.dumps(versions))
 PY
 }
 
-phase_fingerprint() {  # the CPU kernel fingerprint on this host's CPU (another model/vendor than the dev VMs), as a
+phase_fingerprint() {  # the CPU kernel fingerprint on this host's CPU (another model/vendor than the committed results' CPU), as a
   # stage pins it and with the switches of before (MKL_CBWR=AVX2,STRICT, oneDNN convolutions), 2 threads each
   lscpu > "$RES/lscpu.txt" 2>&1
   DPNREPRO_CPU_THREADS=2 job fingerprint_pinned 150 $PY -m dpnrepro.determinism.fingerprint --json "$RES/fingerprint_pinned.json"
@@ -154,7 +154,7 @@ phase_mini() {  # the mini profile's table1 sweep through `dvc repro train-table
   [ -d .git ] || { git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "gpu run" ; }
   # runtime.* is tracked by no stage: this machine's loader workers (the profile already compiles + CUDA graphs)
   make_params mini "runtime.workers=$(( CPUS > 2 ? CPUS - 2 : 1 ))" || return 1
-  rm -f .dvc/tmp/rwlock .dvc/tmp/lock  # a previous call's repro stopped at its time budget
+  rm -f .dvc/tmp/rwlock .dvc/tmp/lock  # a previous run's repro stopped at its time budget
   PATH=$(dirname "$(command -v $PY)"):$PATH job mini "${MINI_CAP_S:-100000}" $PY -m dvc repro train-table1 \
     && echo '{}' > "$RES/mini_table1.json"
 }
@@ -173,7 +173,7 @@ phase_table1() {  # the mini profile's table1 sweep (20 runs), TABLE1_JOBS runs 
   # `dvc repro prepare` (through DVC); then the stage's own one-run command (stages/train.py --sweep table1 --arch
   # A --stem S --seed N: the same run as inside the whole-sweep command, seeded per run) TABLE1_JOBS at a time,
   # a finished run dir kept; when all are done `dvc commit train-table1` records them in dvc.lock (the stage was
-  # not run by `dvc repro`: 20 runs x 25-35 s one after the other do not fit a 10-minute call), `evaluate.py
+  # not run by `dvc repro`: 20 runs x 25-35 s one after the other do not fit a 10-minute budget), `evaluate.py
   # --sweep table1` scores them (metrics/table1.json) and their CI + verdict go to RES/table1_summary.json.
   # DRY_RUN=1: the smoke profile's sweep shrunk to seconds, on the CPU.
   local jobs=${TABLE1_JOBS:-4} profile=mini
@@ -196,7 +196,7 @@ phase_table1() {  # the mini profile's table1 sweep (20 runs), TABLE1_JOBS runs 
   export DPNREPRO_CPU_THREADS=$(( CPUS / jobs > 1 ? CPUS / jobs : 1 )) TORCHINDUCTOR_COMPILE_THREADS=$(( CPUS / jobs > 1 ? CPUS / jobs : 1 ))
   # shellcheck disable=SC2016
   job table1_train "${TRAIN_CAP_S:-480}" xargs -P "$jobs" -L 1 bash -c '
-    if [ -f "$3/model.safetensors" ]; then echo "kept $3"; exit 0; fi  # finished by an earlier call
+    if [ -f "$3/model.safetensors" ]; then echo "kept $3"; exit 0; fi  # finished by an earlier run
     t=$(date +%s); '"$PY"' stages/train.py --sweep table1 --arch "$0" --stem "$1" --seed "$2" \
       > "$RES_DIR/table1_run_$0_$1_s$2.log" 2>&1; rc=$?
     echo "run $3: rc=$rc $(( $(date +%s) - t )) s"; exit $rc' < "$RES/table1_runs.txt"
