@@ -199,14 +199,18 @@ def test_the_mini_step_ratio_the_docs_state_is_the_profiles():
 
 def test_make_profile_sets_up_before_it_touches_params_yaml():
     """`make profile` runs the set-up (env) before it copies a profile over params.yaml, and refuses an unknown
-    profile in one line, params.yaml untouched (`make -n`: nothing runs)."""
+    profile in one line, params.yaml untouched (`make -n`: nothing runs). Run as a user runs it, not as a
+    sub-make of `make test` (whose MAKEFLAGS add "Entering directory" lines)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     dry = subprocess.run(["make", "-n", "profile", "PROFILE=mini"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+                         check=True, env=env).stdout.splitlines()
     setup = [i for i, line in enumerate(dry) if "scripts/setup_env.sh" in line]
     copy = [i for i, line in enumerate(dry) if line.startswith("cp profiles/mini.yaml params.yaml")]
     assert copy and setup and setup[0] < copy[0], "make profile must run the set-up first:\n" + "\n".join(dry)
     before = (REPO / "params.yaml").read_bytes()
-    bad = subprocess.run(["make", "profile", "PROFILE=no_such"], cwd=REPO, capture_output=True, text=True)
+    bad = subprocess.run(["make", "profile", "PROFILE=no_such"], cwd=REPO, capture_output=True, text=True, env=env)
     lines = bad.stdout.strip().splitlines()
     assert bad.returncode != 0 and len(lines) == 1 and lines[0].startswith("no profiles/no_such.yaml"), bad.stdout
     assert (REPO / "params.yaml").read_bytes() == before
