@@ -58,3 +58,24 @@ def test_the_label_is_what_the_libraries_report():
     assert "ATen AVX2, MKL COMPATIBLE,STRICT, NumPy X86_V3, OpenBLAS Haswell, convolutions im2col, " in pinned.stdout
     other = _python(code, **{**INSTRUCTION_SET_ENV, "MKL_CBWR": "AUTO", KERNELS_ENV: "environment"})
     assert "MKL AUTO," in other.stdout, other.stderr
+
+
+def test_the_label_follows_the_convolution_path_set_after_it_was_first_read():
+    """The label is read again when a process reroutes its convolutions at the same thread count (a label
+    cached before the pins named oneDNN for im2col runs)."""
+    code = ("import dpnrepro, torch; from dpnrepro.determinism.cpu import describe, route_convolutions\n"
+            "torch.backends.mkldnn.enabled = True; print(describe()); route_convolutions(); print(describe())")
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    before, after = proc.stdout.splitlines()
+    assert "convolutions oneDNN" in before and "convolutions im2col" in after
+
+
+@pytest.mark.parametrize("entry", ["from dpnrepro.lit.run import pin_lit_threads as pin; pin()",
+                                   "from dpnrepro.determinism.cpu import pin_threads as pin; pin(3)"])
+def test_every_thread_pin_also_routes_the_convolutions(entry):
+    """LiT's own thread count (called by library users of train_lit, not only by the stage) pins the
+    convolution path too, as the stages' pin does."""
+    proc = _python(f"import dpnrepro, torch; {entry}; print(torch.backends.mkldnn.enabled)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -97,11 +97,12 @@ def route_convolutions() -> None:
         torch.backends.nnpack.set_flags(False)
 
 
-def pin_threads() -> int:
-    """Fix torch's intra-op thread count and the convolution path (stage entry points call this); returns it."""
+def pin_threads(default: int = CPU_THREADS) -> int:
+    """Fix torch's intra-op thread count (``DPNREPRO_CPU_THREADS``, else ``default``) and the convolution path;
+    stage entry points and every worker process that computes results call this. Returns the count."""
     import torch
 
-    n = int(os.environ.get(THREADS_ENV, CPU_THREADS))
+    n = int(os.environ.get(THREADS_ENV, default))
     torch.set_num_threads(n)
     route_convolutions()
     return n
@@ -160,18 +161,20 @@ def library_choices() -> dict[str, str]:
     }
 
 
-_LABEL: dict[int, str] = {}
+_LABEL: dict[tuple, str] = {}
 
 
 def describe() -> str:
-    """The CPU part of a result's label, from :func:`library_choices` (computed once per thread count)."""
+    """The CPU part of a result's label, from :func:`library_choices` (read once per thread count and
+    convolution path, the two settings a process changes after its start)."""
     import torch
 
     n = torch.get_num_threads()
-    if n not in _LABEL:
+    key = (n, torch.backends.mkldnn.enabled)
+    if key not in _LABEL:
         c = library_choices()
         label = (f"ATen {c['aten']}, MKL {c['mkl_branch']}, NumPy {c['numpy_dispatch']}, "
                  f"OpenBLAS {c['openblas_core']}, convolutions {'oneDNN' if c['mkldnn_conv'] == 'True' else 'im2col'}, "
                  f"{n} threads")
-        _LABEL[n] = f"native kernels (this machine only): {label}" if native() else label
-    return _LABEL[n]
+        _LABEL[key] = f"native kernels (this machine only): {label}" if native() else label
+    return _LABEL[key]

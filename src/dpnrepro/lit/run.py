@@ -33,13 +33,9 @@ LIT_CPU_THREADS = 1
 
 
 def pin_lit_threads() -> int:
-    import os
+    from dpnrepro.determinism.cpu import pin_threads
 
-    from dpnrepro.determinism.cpu import THREADS_ENV
-
-    n = int(os.environ.get(THREADS_ENV, LIT_CPU_THREADS))
-    torch.set_num_threads(n)
-    return n
+    return pin_threads(LIT_CPU_THREADS)
 
 
 def tower_runs(lit_params) -> list[tuple[str, str, str]]:

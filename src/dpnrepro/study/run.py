@@ -51,7 +51,10 @@ def train_and_score(job: dict) -> dict:
     """One run (in a worker process): train on the prepared train split, top-1 on its val split."""
     import torch
 
+    from dpnrepro.determinism.cpu import route_convolutions
+
     torch.set_num_threads(job["threads"])
+    route_convolutions()  # a spawned worker: the convolution path the stage's label names
     from dpnrepro.artifacts import ModelSpec
     from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.config.runtime import RuntimeParams
