@@ -92,17 +92,13 @@ def git_init(project: Path) -> None:
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], project)
 
 
-def output_hashes(lock: dict) -> dict[str, str | None]:
-    """{output path: md5} of every output (outs, metrics, plots) of every stage of a parsed dvc.lock."""
-    return {out["path"]: out.get("md5") for body in lock.get("stages", {}).values() for out in body.get("outs", [])}
-
-
 def differing_outputs(ours: dict, committed: dict) -> list[str]:
     """One line per output whose hash differs between two parsed dvc.lock files, or that only one of them
-    records: ``path: committed <md5> != ours <md5>`` (``missing`` where a lock lacks it)."""
-    a, b = output_hashes(committed), output_hashes(ours)
-    return [f"{path}: committed {a.get(path, 'missing')} != ours {b.get(path, 'missing')}"
-            for path in [*a, *(p for p in b if p not in a)] if a.get(path) != b.get(path)]
+    records (scripts/lock_diff.py's comparison): ``path: committed <md5> != ours <md5>`` (``missing``)."""
+    from lock_diff import differing
+
+    return [f"{d['path']}: committed {d['a'] or 'missing'} != ours {d['b'] or 'missing'}"
+            for d in differing(committed, ours)]
 
 
 def plots_errors(root: Path, *revs: str) -> list:
