@@ -79,3 +79,24 @@ def test_every_thread_pin_also_routes_the_convolutions(entry):
     proc = _python(f"import dpnrepro, torch; {entry}; print(torch.backends.mkldnn.enabled)")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_a_study_worker_pins_its_convolution_path_before_it_builds_anything():
+    """The study's runs go to spawned worker processes, which start with oneDNN on: the worker pins the
+    path itself (stopped here at its first use of the job, after the pin)."""
+    code = ("import dpnrepro, torch\n"
+            "import dpnrepro.config.core as core\n"
+            "class Seen(Exception): pass\n"
+            "class Spy:\n"
+            "    @staticmethod\n"
+            "    def model_validate(_):\n"
+            "        raise Seen(torch.backends.mkldnn.enabled, torch.get_num_threads())\n"
+            "core.InputParams = Spy\n"
+            "from dpnrepro.study.run import train_and_score\n"
+            "try:\n"
+            "    train_and_score({'threads': 1, 'data_dir': '.', 'input': {}, 'train': {}})\n"
+            "except Seen as seen:\n"
+            "    print(*seen.args)\n")
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "1"]
