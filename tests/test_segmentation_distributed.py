@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -68,11 +69,18 @@ def test_two_runs_of_one_config_in_one_process_save_the_same_files(canvases, tmp
     from dpnrepro.segmentation.experiment import train_and_evaluate
 
     saved = []
-    for _ in range(2):
-        shutil.rmtree(tmp_path / "w", ignore_errors=True)
-        cfg = _cfg(canvases, tmp_path / "w")
-        out = train_and_evaluate(cfg)
-        saved.append((cfg.pretty_text, out.pop("state_dict"), out))
+    old_mask = os.umask(0o002)  # mmengine writes the checkpoints and logs itself: they honour the umask too
+    try:
+        for _ in range(2):
+            shutil.rmtree(tmp_path / "w", ignore_errors=True)
+            cfg = _cfg(canvases, tmp_path / "w")
+            out = train_and_evaluate(cfg)
+            saved.append((cfg.pretty_text, out.pop("state_dict"), out))
+    finally:
+        os.umask(old_mask)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "w").rglob("*")}
+    assert modes and all(m == (0o775 if (tmp_path / p).is_dir() else 0o664) for p, m in modes.items()), \
+        {p: oct(m) for p, m in modes.items()}
     (text_a, state_a, out_a), (text_b, state_b, out_b) = saved
     assert text_a == text_b
     assert "experiment_name" not in text_a and "launcher" not in text_a and "model_wrapper_cfg" not in text_a
