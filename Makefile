@@ -11,8 +11,10 @@ export DVC_NO_ANALYTICS ?= 1
 PROFILE ?= smoke
 # Test workers (pytest-xdist): tests run their stages on one thread each, so 2 workers use both CI cores.
 # A file's tests stay on one worker (--dist loadfile): module fixtures (a trained scratch project) are built once.
+# Files go out in collection order (--no-loadscope-reorder; xdist would otherwise sort them by test count):
+# tests/conftest.py puts the end-to-end file, the longest, first and the files with slow tests next.
 PYTEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: env repro test test-fast profile clean gpu-carry
 
