@@ -99,15 +99,16 @@ def test_provenance_and_headline_come_from_the_metrics(page):
     assert index.paper_deltas(3, group="natural")["B/32"] == pytest.approx(natural_b32)
 
 
-def test_verdicts_are_the_recorded_ones_or_the_ci_rule():
-    assert index.delta_verdict({"mean": 1.0, "ci95": 3.0, "verdict": "better"}) == "better"  # recorded wins
-    assert index.delta_verdict({"mean": 1.0, "ci95": 0.5}) == "better"
-    assert index.delta_verdict({"mean": -1.0, "ci95": 0.5}) == "worse"
-    assert index.delta_verdict({"mean": -1.0, "ci95": 2.0}) == "not resolved"
-    assert index.delta_verdict({"mean": -1.0, "ci95": None}) == "not resolved"
-    assert index.delta_verdict({"mean": -1.0, "outside_ci": True}) == "worse"
-    summary = {"A": {"delta_dpn": {"mean": 1.0, "ci95": 0.5}, "gain_x": {"mean": 0.1, "ci95": 1.0}},
-               "B": {"delta_dpn": {"from scratch": 0.0, "+ Augmentation": 1.0}}}  # Table 7: one model per row
+def test_verdicts_are_the_recorded_ones_and_a_delta_without_one_is_refused():
+    assert index.delta_verdict({"mean": 1.0, "ci95": 3.0, "verdict": "better"}) == "better"
+    one_run = {"mean": 6.4, "ci95": 2.17, "verdict": "not resolved", "why": "1 training run"}
+    assert index.delta_verdict(one_run) == "not resolved (1 training run)"
+    for unjudged in ({"mean": 1.0, "ci95": 0.5}, {"mean": -1.0, "outside_ci": True}):  # no CI rule of its own
+        with pytest.raises(ValueError, match="paired_test"):
+            index.delta_verdict(unjudged)
+    summary = {"A": {"delta_dpn": {"mean": 1.0, "ci95": 0.5, "verdict": "better"}, "gain_x": one_run},
+               "B": {"delta_dpn": {"from scratch": {"mean": 0.0, "verdict": "not resolved", "why": "1 training run"},
+                                   "+ Augmentation": {"mean": 1.0, "verdict": "not resolved"}}}}  # Table 7
     assert index.verdict_counts(index.all_deltas(summary)) == "4: 1 better, 0 worse, 3 not resolved"
 
 

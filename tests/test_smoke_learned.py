@@ -215,11 +215,12 @@ def test_the_index_gives_no_verdict_where_a_side_is_at_chance():
     from dpnrepro.reports.headline import stem_block
     from dpnrepro.reports.index import delta_verdict, verdict_counts
 
-    at_chance = {"mean": 5.0, "ci95": 1.0, "learned": False, "at_chance": ["conv"], "chance": 12.0}
+    at_chance = {"mean": 5.0, "ci95": 1.0, "verdict": "better", "learned": False, "at_chance": ["conv"],
+                 "chance": 12.0}
     assert delta_verdict(at_chance) == "no verdict: conv at chance"
     assert delta_verdict({**at_chance, "learned": True, "at_chance": []}) == "better"
-    assert delta_verdict({"mean": 5.0, "ci95": 1.0}) == "better"  # no `learned` (not yet recorded): as before
-    assert verdict_counts([at_chance, {"mean": 5.0, "ci95": 1.0}]) == \
+    assert delta_verdict({"mean": 5.0, "ci95": 1.0, "verdict": "better"}) == "better"  # no `learned`: its verdict
+    assert verdict_counts([at_chance, {"mean": 5.0, "ci95": 1.0, "verdict": "better"}]) == \
         "2: 1 better, 0 worse, 0 not resolved, 1 no verdict"
     block = stem_block({"conv": {"mean": 20.0}, "dpn": {"mean": 25.0}, "delta_dpn": at_chance})
     assert block["dpn-conv"]["verdict"] == "no verdict"

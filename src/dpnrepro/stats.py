@@ -1,19 +1,21 @@
-"""The statistics behind every table: mean ± 95 % CI over seeds (or few-shot draws), the paired
-treated − control difference, a stated test with its p-value, and a verdict. A bottom-layer module
-(it imports nothing of the project) because the few-shot evaluator uses it as well as the reports.
+"""The statistics behind every table: mean ± 95 % CI over seeds, the paired treated − control
+difference, a stated test with its p-value, and a verdict. A bottom-layer module (it imports nothing of
+the project) because the few-shot evaluator uses it as well as the reports.
 
-One rule everywhere (Sec. 5.1 of the paper reports mean ± 95 % CI over >= 3 runs):
+One rule everywhere (docs/tables-and-figures.md#statistics; Sec. 5.1 of the paper reports mean ± 95 % CI
+over >= 3 runs):
 
 * ``mean_ci95``: mean and half-width of the two-sided 95 % Student-t interval.
-* ``paired_test``: the difference treated − control paired by seed (same seed = same initialisation
-  draw order and data order), tested with a two-sided **paired t-test** (``method="t"``, the default;
-  equal to ``scipy.stats.ttest_rel``) or a **paired bootstrap** (``method="bootstrap"``: resample the
-  per-seed differences with replacement, a fixed RNG seed, percentile CI, two-sided p = twice the
-  smaller tail of the bootstrap distribution on either side of 0).
-* ``verdict``: ``better`` / ``worse`` when the 95 % CI of the difference excludes 0 (for the t-test
-  this is exactly p < 0.05) over at least ``MIN_PAIRS`` = 3 pairs (Sec. 5.1's >= 3 runs), otherwise
-  ``not resolved``. With 2 pairs the t-interval has one degree of freedom: it excludes 0 only when the two
-  differences agree within about 15 % of each other, so a last-bit change of either run decides it.
+* ``paired_test``: THE verdict. The difference treated − control paired by training seed, tested with a
+  two-sided **paired t-test** (``method="t"``, the default; equal to ``scipy.stats.ttest_rel``) or a
+  **paired bootstrap** (``method="bootstrap"``). It requires ``training_pairs``, the number of independent
+  training pairs the values rest on: ``better`` / ``worse`` only when there is one value per training pair,
+  at least ``MIN_PAIRS`` = 3 of them, and the 95 % CI excludes 0; otherwise ``not resolved``, with ``why``
+  naming too few training runs where that is the reason.
+* ``paired_by_seed``: ``{seed: value or [draws]}`` maps; few-shot draws are averaged within each seed
+  first, so the CI and the verdict are over seeds. Draws of one trained pair measure evaluation noise,
+  not training noise: with a single shared seed the Δ and its spread over the draws are reported, never
+  a verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ ALPHA = 0.05
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_RESAMPLES = 10_000
 VERDICTS = ("better", "worse", "not resolved")
-MIN_PAIRS = 3  # the fewest paired seeds (or draws) a better / worse verdict may rest on
+MIN_PAIRS = 3  # the fewest independent training pairs (seeds) a better / worse verdict may rest on
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, float | None]:
@@ -43,33 +45,38 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float | None]:
     return mean, float(t.ppf(1 - ALPHA / 2, n - 1)) * sd / math.sqrt(n)
 
 
-def paired_delta_ci95(treated: Sequence[float], control: Sequence[float]) -> tuple[float, float | None]:
-    """Mean and 95 % CI of treated − control, paired by seed (same seed = same data order)."""
-    return mean_ci95(_differences(treated, control))
-
-
 def _differences(treated: Sequence[float], control: Sequence[float]) -> list[float]:
     if len(treated) != len(control):
         raise ValueError(f"a paired comparison needs the same seeds on both sides ({len(treated)} vs {len(control)})")
     return [a - b for a, b in zip(treated, control)]
 
 
-def paired_test(treated: Sequence[float], control: Sequence[float], *,
+def paired_test(treated: Sequence[float], control: Sequence[float], *, training_pairs: int,
                 method: Literal["t", "bootstrap"] = "t", resamples: int = BOOTSTRAP_RESAMPLES,
                 seed: int = BOOTSTRAP_SEED) -> dict:
-    """Paired comparison of treated vs control: ``{mean, ci95, low, high, p, test, n, verdict}``.
+    """Paired comparison of treated vs control, and the project's one verdict:
+    ``{mean, ci95, low, high, p, test, n, training_pairs, verdict[, why]}``.
 
-    ``mean`` is the mean difference; ``low``/``high`` its 95 % CI (t-interval, or bootstrap percentile
-    interval); ``ci95`` the half-width of the t-interval (None for the bootstrap, whose interval need not
-    be symmetric); ``p`` the two-sided p-value for "mean difference = 0" (None with fewer than 2 pairs or
-    when every difference is the same, where the t statistic is undefined).
+    ``training_pairs`` is the number of independent training pairs (seeds) the values come from: equal to
+    the number of values when each is one seed's (draws already averaged within the seed), smaller when
+    the values are few-shot draws of fewer training runs (then the interval is the draws' spread and the
+    verdict is ``not resolved``). ``mean`` is the mean difference; ``low``/``high`` its 95 % CI
+    (t-interval, or bootstrap percentile interval); ``ci95`` the half-width of the t-interval (None for the
+    bootstrap, whose interval need not be symmetric); ``p`` the two-sided p-value for "mean difference = 0"
+    (None with fewer than 2 values or when every difference is the same, where the t statistic is
+    undefined). ``why`` says why too few training runs leave the difference ``not resolved``.
     """
     d = _differences(treated, control)
     n = len(d)
     if n == 0:
         raise ValueError("paired_test needs at least one pair")
+    if isinstance(training_pairs, bool) or not isinstance(training_pairs, int) or not 1 <= training_pairs <= n:
+        raise ValueError(f"training_pairs must be an int from 1 to the {n} values, got {training_pairs!r}")
+    if method not in ("t", "bootstrap"):
+        raise ValueError(f"unknown test {method!r}; use 't' or 'bootstrap'")
     mean, half = mean_ci95(d)
     out = {"mean": mean, "ci95": half, "low": None, "high": None, "p": None, "n": n,
+           "training_pairs": training_pairs,
            "test": "paired t-test (two-sided)" if method == "t" else
            f"paired bootstrap ({resamples} resamples, seed {seed}, percentile CI)"}
     if n >= 2:
@@ -80,7 +87,7 @@ def paired_test(treated: Sequence[float], control: Sequence[float], *,
                 from scipy.stats import t
 
                 out["p"] = float(2 * t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
-        elif method == "bootstrap":
+        else:
             import numpy as np
 
             rng = np.random.default_rng(seed)
@@ -89,25 +96,21 @@ def paired_test(treated: Sequence[float], control: Sequence[float], *,
             out["ci95"] = None
             out["low"], out["high"] = (float(v) for v in np.quantile(means, [ALPHA / 2, 1 - ALPHA / 2]))
             out["p"] = float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
-        else:
-            raise ValueError(f"unknown test {method!r}; use 't' or 'bootstrap'")
-    out["verdict"] = verdict(out["low"], out["high"], n)
+    if training_pairs < MIN_PAIRS:
+        out["verdict"] = "not resolved"
+        out["why"] = f"{training_pairs} training run{'s' if training_pairs > 1 else ''}"
+    elif training_pairs < n:
+        out["verdict"] = "not resolved"
+        out["why"] = "draws not averaged within each seed"
+    else:
+        out["verdict"] = _ci_side(out["low"], out["high"])
     return out
 
 
-def paired_by_seed(treated: dict[int, float], control: dict[int, float]) -> dict:
-    """:func:`paired_test` of ``{seed: value}`` maps on the seeds they share, with those seeds and the
-    per-seed differences."""
-    seeds = sorted(set(treated) & set(control))
-    return {**paired_test([treated[s] for s in seeds], [control[s] for s in seeds]), "seeds": seeds,
-            "per_seed": [treated[s] - control[s] for s in seeds]}
-
-
-def verdict(low: float | None, high: float | None, n: int | None = None) -> str:
-    """``better`` if the CI of treated − control lies above 0, ``worse`` below 0, else ``not resolved``;
-    ``not resolved`` as well from ``n`` < :data:`MIN_PAIRS` pairs (``n`` None: a Δ that does not record
-    its pairs, judged on its CI alone)."""
-    if low is None or high is None or (n is not None and n < MIN_PAIRS):
+def _ci_side(low: float | None, high: float | None) -> str:
+    """``better`` if an interval lies above 0, ``worse`` below 0, else ``not resolved``; only
+    :func:`paired_test` calls it, after its pair count allows a verdict."""
+    if low is None or high is None:
         return "not resolved"
     if low > 0:
         return "better"
@@ -116,14 +119,38 @@ def verdict(low: float | None, high: float | None, n: int | None = None) -> str:
     return "not resolved"
 
 
-def pairs(delta: dict) -> int | None:
-    """The number of pairs a summary's Δ rests on: its ``n``, else its ``seeds`` or ``per_seed`` count."""
-    if "n" in delta:
-        return delta["n"]
-    for key in ("seeds", "per_seed"):
-        if key in delta:
-            return len(delta[key])
-    return None
+def seed_means(values: dict[int, float | Sequence[float]]) -> dict[int, float]:
+    """``{seed: value}`` of ``{seed: value or [draws]}``: each seed's draws averaged within the seed."""
+    return {s: (math.fsum(v) / len(v) if isinstance(v, (list, tuple)) else float(v)) for s, v in values.items()}
+
+
+def paired_by_seed(treated: dict[int, float | Sequence[float]], control: dict[int, float | Sequence[float]], *,
+                   method: Literal["t", "bootstrap"] = "t", repeats: str = "few-shot draws") -> dict:
+    """:func:`paired_test` of ``{seed: value}`` (or ``{seed: [draw values]}``) maps on the training seeds they
+    share, with those ``seeds`` and the ``per_seed`` differences. Draws (``repeats``: what the values within
+    a seed are, paired by position) are averaged within each seed and the test is over seeds; with one
+    shared seed whose draws pair up, the Δ and its spread over those draws are reported, ``not resolved``
+    (1 training run)."""
+    seeds = sorted(set(treated) & set(control))
+    if not seeds:
+        raise ValueError("a paired comparison needs at least one seed on both sides")
+    t_means, c_means = seed_means({s: treated[s] for s in seeds}), seed_means({s: control[s] for s in seeds})
+    per_seed = [t_means[s] - c_means[s] for s in seeds]
+    one, other = treated[seeds[0]], control[seeds[0]]
+    if len(seeds) == 1 and isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)) and len(one) > 1:
+        test = paired_test(list(one), list(other), training_pairs=1, method=method)
+        test["over"] = repeats
+    else:
+        test = paired_test([t_means[s] for s in seeds], [c_means[s] for s in seeds], training_pairs=len(seeds),
+                           method=method)
+        test["over"] = "seeds"
+    return {**test, "seeds": seeds, "per_seed": per_seed}
+
+
+def verdict_text(delta: dict) -> str:
+    """A Δ's verdict as the reports print it: ``not resolved (1 training run)`` where too few training
+    runs are why; the verdict alone otherwise."""
+    return delta["verdict"] + (f" ({delta['why']})" if delta.get("why") else "")
 
 
 LEARNED_MARGIN = 10.0  # points (the metric's own unit: % accuracy, % mIoU) above chance

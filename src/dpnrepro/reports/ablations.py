@@ -12,7 +12,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.paper import load_paper_table
 from dpnrepro.reports.plotting import pyplot, read_metrics, save_png, write_report
-from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_by_seed
+from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_by_seed, verdict_text
 from dpnrepro.reports.tables import fmt_delta
 
 # Table 6: our stem names -> the paper's row names, in the paper's order
@@ -124,7 +124,7 @@ def render_table6_markdown(metrics: dict, summary: dict) -> str:
                 cells += ["—"] * 3
                 continue
             paper_v = p_vals.get((name, arch))
-            cells += [fmt_delta(g) + (f" [paper {paper_v}]" if paper_v is not None else ""), fmt_p(g["p"]), g["verdict"]]
+            cells += [fmt_delta(g) + (f" [paper {paper_v}]" if paper_v is not None else ""), fmt_p(g["p"]), verdict_text(g)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "![Table 6 figure](table6.png)", ""]
     return "\n".join(lines)
@@ -224,7 +224,7 @@ def render_figure1_markdown(metrics: dict, summary: dict) -> str:
                     cells.append(f"reference ({fmt_ci(item['mean'], item['ci95'], 2)} %)")
                 else:
                     g = item["gain"]
-                    cells.append(f"{fmt_delta(g)} (p {fmt_p(g['p'])}, {g['verdict']})")
+                    cells.append(f"{fmt_delta(g)} (p {fmt_p(g['p'])}, {verdict_text(g)})")
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     lines += ["", "![Figure 1](figure1.png)", ""]
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpnrepro.stats import pairs, verdict
+from dpnrepro.stats import verdict_text
 
 HEADLINE_DIR = "headline"
 NO_VERDICT = "no verdict"
@@ -30,21 +30,17 @@ def write_headline(report: str, numbers: dict, metrics_dir: str | Path = "metric
     return path
 
 
-def difference(mean: float, ci95: float | None, given_verdict: str | None = None, n: int | None = None) -> dict:
-    """``{mean, ci95, verdict}`` of a paired difference; the verdict is the summary's own, else whether the
-    95 % CI excludes 0 over ``n`` pairs (:func:`stats.verdict`; ``not resolved`` without a CI)."""
-    out = {"mean": mean}
-    if ci95 is not None:
-        out["ci95"] = ci95
-    low, high = (None, None) if ci95 is None else (mean - ci95, mean + ci95)
-    out["verdict"] = given_verdict or verdict(low, high, n)
+def difference(delta: dict) -> dict:
+    """``{mean, ci95, verdict}`` of a summary's paired Δ: the verdict :func:`stats.paired_test` recorded in
+    it (with why, where too few training runs), ``no verdict`` where a side did not learn (``learned``
+    false: a Δ between runs at chance says nothing)."""
+    if "verdict" not in delta:
+        raise ValueError(f"a Δ without stats.paired_test's verdict: {sorted(delta)}")
+    out = {"mean": delta["mean"]}
+    if delta.get("ci95") is not None:
+        out["ci95"] = delta["ci95"]
+    out["verdict"] = NO_VERDICT if delta.get("learned") is False else verdict_text(delta)
     return out
-
-
-def given_verdict(delta: dict) -> str | None:
-    """The verdict a summary's Δ carries: its own, ``no verdict`` when a side did not learn (``learned``
-    false: a Δ between runs at chance says nothing), else None (decided from its CI)."""
-    return NO_VERDICT if delta.get("learned") is False else delta.get("verdict")
 
 
 def stem_block(entry: dict, base: str = "conv", delta_key: str = "delta_dpn") -> dict:
@@ -53,7 +49,7 @@ def stem_block(entry: dict, base: str = "conv", delta_key: str = "delta_dpn") ->
     delta = entry[delta_key]
     base = delta.get("vs", base)
     return {base: entry[base]["mean"], "dpn": entry["dpn"]["mean"],
-            f"dpn-{base}": difference(delta["mean"], delta.get("ci95"), given_verdict(delta), pairs(delta))}
+            f"dpn-{base}": difference(delta)}
 
 
 def nested_blocks(tree: dict, depth: int) -> dict:
@@ -90,7 +86,7 @@ def table6(summary: dict) -> dict:
         stems = {key.removeprefix("gain_"): gain for key, gain in entry.items() if key.startswith("gain_")}
         out[arch] = {"dpn": entry["dpn"]["mean"], **{
             stem: {"mean": entry[stem]["mean"],
-                   "gain_over_dpn": difference(gain["mean"], gain.get("ci95"), gain.get("verdict"))}
+                   "gain_over_dpn": difference(gain)}
             for stem, gain in stems.items()}}
     return out
 
@@ -102,7 +98,7 @@ def table7(summary: dict) -> dict:
         stems = [s for s in entry if s != "delta_dpn"]
         base = next(s for s in stems if s != "dpn")
         out[arch] = {setting: {**{s: entry[s][setting]["test"] for s in (base, "dpn")},
-                               f"dpn-{base}": difference(delta["mean"], None, given_verdict(delta))}
+                               f"dpn-{base}": difference(delta)}
                      for setting, delta in entry["delta_dpn"].items()}
     return out
 
@@ -133,11 +129,10 @@ def study(summary: dict) -> dict:
     out = {}
     for cell in [*summary["comparison"], *summary["plateau"]]:
         out[cell["cell"]] = {"conv": cell["conv"]["mean"], "dpn": cell["dpn"]["mean"],
-                             "dpn-conv": difference(cell["delta"]["mean"], cell["delta"]["ci95"],
-                                                    cell["delta"]["verdict"])}
+                             "dpn-conv": difference(cell["delta"])}
     for cell in summary["ablations"]:
-        out[cell["cell"]] = {row["stem"]: {"mean": row["mean"], **({"gain_over_dpn": difference(
-            row["vs_dpn"]["mean"], row["vs_dpn"]["ci95"], row["vs_dpn"]["verdict"])} if "vs_dpn" in row else {})}
+        out[cell["cell"]] = {row["stem"]: {"mean": row["mean"], **({"gain_over_dpn": difference(row["vs_dpn"])}
+                                                      if "vs_dpn" in row else {})}
             for row in cell["rows"]}
     return out
 

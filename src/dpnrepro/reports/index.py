@@ -41,7 +41,7 @@ from dpnrepro.reports.table4 import SWEEP_STEPS
 from dpnrepro.reports.table5 import LEARNED_MARGIN as SEG_LEARNED_MARGIN
 from dpnrepro.reports.tables import BASE_STEM, TABLES
 from dpnrepro.reports.transfer_tables import GROUPS
-from dpnrepro.stats import LEARNED_MARGIN, MIN_PAIRS, pairs, verdict
+from dpnrepro.stats import LEARNED_MARGIN, MIN_PAIRS, verdict_text
 
 INDEX = Path("reports/README.md")
 PAPER_DIR = "reports/paper"
@@ -177,18 +177,13 @@ def _paper_text(label: str, deltas: dict[str, list[float]]) -> str:
 
 
 def delta_verdict(delta: dict) -> str:
-    """``no verdict: <stem> at chance`` where a side of the Δ did not learn (the summary's ``learned``; a Δ
-    without it is judged as before), else the verdict the summary records, else the project's rule
-    (:func:`stats.verdict`) on mean ± ci95."""
+    """``no verdict: <stem> at chance`` where a side of the Δ did not learn (the summary's ``learned``), else
+    the verdict :func:`stats.paired_test` recorded in the summary (with why, where too few training runs)."""
     if delta.get("learned") is False:
         return f"no verdict: {' and '.join(delta.get('at_chance') or ['a run'])} at chance"
-    if "verdict" in delta:
-        return delta["verdict"]
-    if "outside_ci" in delta:
-        return ("better" if delta["mean"] > 0 else "worse") if delta["outside_ci"] else "not resolved"
-    ci = delta.get("ci95")
-    return verdict(None if ci is None else delta["mean"] - ci, None if ci is None else delta["mean"] + ci,
-                   pairs(delta))
+    if "verdict" not in delta:
+        raise ValueError(f"a Δ without stats.paired_test's verdict: {sorted(delta)}")
+    return verdict_text(delta)
 
 
 def _delta_text(delta: dict) -> str:
@@ -207,16 +202,13 @@ def _ours_text(label: str, by_arch: dict[str, dict], paper: dict[str, list[float
 
 
 def all_deltas(node) -> list[dict]:
-    """Every Δ in a summary: ``delta_*`` / ``gain*`` entries with a mean (or plain numbers: no CI)."""
+    """Every Δ in a summary: ``delta_*`` / ``gain*`` entries with a mean (or ``{setting: Δ}``, Table 7)."""
     found = []
     if isinstance(node, dict):
         for key, value in node.items():
             if key.startswith(("delta_", "gain")) and isinstance(value, dict):
                 if "mean" in value:
                     found.append(value)
-                    continue
-                if all(isinstance(v, (int, float)) for v in value.values()):
-                    found += [{"mean": v, "ci95": None} for v in value.values()]
                     continue
                 if all(isinstance(v, dict) and "mean" in v for v in value.values()):  # {setting: Δ} (Table 7)
                     found += list(value.values())
@@ -427,8 +419,9 @@ def build_index(entries: list[ReportEntry], root: Path = Path("."), *, throughpu
         "(a commit id on this page would change with every commit; src/dpnrepro/reports/index.py).",
         "- **Paper vs ours**: the headline block of each table; Δ = DPN − base (Table 6: alternative − DPN; "
         "Figure 1: run − conv with pre-LN); paper Δ from the printed values (mean over a block's rows per arch). "
-        f"Verdict: better / worse when the 95 % CI of Δ excludes 0 over at least {MIN_PAIRS} pairs (seeds, or "
-        "few-shot draws), else not resolved; no verdict where a side "
+        f"Verdict (`stats.paired_test`; docs/tables-and-figures.md#statistics): better / worse when the 95 % CI "
+        f"of Δ excludes 0 over at least {MIN_PAIRS} training seeds (few-shot draws averaged within each), else "
+        "not resolved, with the number of training runs where there are fewer; no verdict where a side "
         f"of Δ did not learn (less than {LEARNED_MARGIN:g} points of accuracy, Table 5: {SEG_LEARNED_MARGIN:g} "
         "points of mIoU, above its chance rate; `stats.learned`). "
         "*Our Δs* counts every Δ of the report's summary.",

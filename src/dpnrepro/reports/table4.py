@@ -13,7 +13,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import finish_delta_axes, report_from_metrics
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import fmt_ci, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import fmt_ci, mean_ci95, paired_by_seed, verdict_text
 
 BASE_STEM = "conv"
 # The pretraining sweep of an image tower -> the schedule the paper prints for it.
@@ -46,20 +46,31 @@ def summarize(metrics: dict) -> dict:
                 if name not in run["zeroshot"]:
                     continue
                 by.setdefault(run["sweep"], {}).setdefault(run["arch"], {}).setdefault(run["stem"], {})[
-                    run["seed"]] = run["zeroshot"][name][clf]
+                    run["tower_seed"], run["seed"]] = run["zeroshot"][name][clf]
             block = out.setdefault(name, {}).setdefault(clf, {})
             order = list(SWEEP_STEPS)
             for sweep, archs in sorted(by.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
                 for arch, stems in archs.items():
                     entry = {}
-                    for stem, seeds in sorted(stems.items()):
-                        mean, ci = mean_ci95([seeds[s] for s in sorted(seeds)])
-                        entry[stem] = {"mean": mean, "ci95": ci, "n": len(seeds), "seeds": sorted(seeds)}
+                    for stem, runs in sorted(stems.items()):
+                        mean, ci = mean_ci95([runs[k] for k in sorted(runs)])
+                        entry[stem] = {"mean": mean, "ci95": ci, "n": len(runs), "seeds": sorted({k[1] for k in runs})}
                         if stem != BASE_STEM and BASE_STEM in stems:
-                            common = sorted(set(seeds) & set(stems[BASE_STEM]))
-                            d, dci = paired_delta_ci95([seeds[s] for s in common], [stems[BASE_STEM][s] for s in common])
-                            entry[f"delta_{stem}"] = {"mean": d, "ci95": dci, "n": len(common), "vs": BASE_STEM}
+                            entry[f"delta_{stem}"] = {**paired_by_seed(*_by_tower(runs, stems[BASE_STEM]),
+                                                                       repeats="LiT seeds"), "vs": BASE_STEM}
                     block.setdefault(sweep, {})[arch] = entry
+    return out
+
+
+def _by_tower(treated: dict, control: dict) -> tuple[dict, dict]:
+    """``{tower seed: [value per LiT seed]}`` of both sides of a Δ (``{(tower seed, LiT seed): value}``), on
+    the LiT seeds they share. The independent training pairs are the image towers' pretraining seeds: LiT
+    seeds of one locked pair of towers are averaged within it, like few-shot draws."""
+    out: tuple[dict, dict] = ({}, {})
+    for tower in sorted({k[0] for k in treated} & {k[0] for k in control}):
+        lit = sorted({k[1] for k in treated if k[0] == tower} & {k[1] for k in control if k[0] == tower})
+        for side, runs in zip(out, (treated, control)):
+            side[tower] = [runs[tower, s] for s in lit]
     return out
 
 
@@ -81,7 +92,7 @@ def _cell(e: dict | None) -> str:
 def _delta(e: dict | None) -> str:
     if e is None:
         return "—"
-    return f"{e['mean']:+.2f}" + (f" ± {e['ci95']:.2f}" if e["ci95"] is not None else "")
+    return f"{e['mean']:+.2f}" + (f" ± {e['ci95']:.2f}" if e["ci95"] is not None else "") + f", {verdict_text(e)}"
 
 
 def render_markdown(metrics: dict, summary: dict) -> str:
@@ -114,7 +125,9 @@ def render_markdown(metrics: dict, summary: dict) -> str:
         f"- Image towers: the runs of the pretraining sweeps {', '.join(f'`{s}`' for s in summary[head][metrics['classifiers'][0]])}"
         " (Table 2's JFT-style sweeps), locked.",
         f"- Runs: {len(runs)}; LiT seeds {', '.join(map(str, seeds))} per tower; mean ± 95 % CI (Student t) over "
-        "the LiT seeds; Δ = dpn − conv paired by LiT seed.",
+        "the LiT seeds; Δ = dpn − conv paired by LiT seed, averaged within each pair of image towers (their "
+        "pretraining seeds are the independent training pairs), with its verdict "
+        "(docs/tables-and-figures.md#statistics).",
         f"- Hardware: {hardware}.",
         "- Zero-shot classifiers: " + "; ".join(f"`{c}` = {CLASSIFIER_TEXT[c]}" for c in metrics["classifiers"]) + ".",
         "",

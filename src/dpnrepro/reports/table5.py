@@ -17,7 +17,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import report_from_metrics
 from dpnrepro.reports.paper import as_float, load_paper_table
-from dpnrepro.stats import fmt_ci, learned_cell, learned_delta, mean_ci95, paired_delta_ci95
+from dpnrepro.stats import fmt_ci, learned_cell, learned_delta, mean_ci95, paired_by_seed, verdict_text
 
 BASE_STEM, DPN_STEM = "conv", "dpn"
 # mIoU points above the constant-prediction mIoU that count as "learned" (accuracy tables: stats.LEARNED_MARGIN;
@@ -26,7 +26,7 @@ LEARNED_MARGIN = 5.0
 
 
 def summarize(metrics: dict) -> dict:
-    """``{fraction: {stem: {mean, ci95, seeds, chance, learned}, "delta_<stem>": {mean, ci95}}}`` from
+    """``{fraction: {stem: {mean, ci95, seeds, chance, learned}, "delta_<stem>": paired_by_seed + learned}}`` from
     metrics/seg.json (``chance``: its constant-prediction mIoU, %)."""
     chance = metrics["chance"]["mIoU"]
     by: dict[str, dict[str, dict[int, float]]] = {}
@@ -42,10 +42,8 @@ def summarize(metrics: dict) -> dict:
         base = by[fraction].get(BASE_STEM)
         for stem, per_seed in sorted(by[fraction].items()):
             if stem != BASE_STEM and base:
-                seeds = sorted(set(per_seed) & set(base))
-                if seeds:
-                    mean, ci = paired_delta_ci95([per_seed[s] for s in seeds], [base[s] for s in seeds])
-                    entry[f"delta_{stem}"] = {"mean": mean, "ci95": ci, "seeds": seeds,
+                if set(per_seed) & set(base):
+                    entry[f"delta_{stem}"] = {**paired_by_seed(per_seed, base),
                                               **learned_delta({BASE_STEM: entry[BASE_STEM], stem: entry[stem]})}
         out[fraction] = entry
     return out
@@ -71,7 +69,8 @@ def render_markdown(metrics: dict, summary: dict) -> str:
     ours = list(summary)
     lines += ["", f"## Ours (profile `{metrics['profile']}`)", "",
               f"mIoU (%) on the validation split (mmseg IoUMetric, sliding windows), mean ± 95 % t-interval over "
-              f"seeds {seeds}; Δ = stem − conv paired by seed. Arch {metrics['arch']}, config "
+              f"seeds {seeds}; Δ = stem − conv paired by seed, with its verdict (docs/tables-and-figures.md#statistics; "
+              f"no verdict where a side did not learn). Arch {metrics['arch']}, config "
               f"`{metrics['config']}`{(' + options ' + json.dumps(metrics['options'], sort_keys=True)) if metrics['options'] else ''}"
               f", {'/'.join(map(str, iters))} iterations, data `{metrics['data_root']}`, initialised from "
               f"{'`' + metrics['pretrained'] + '`' if metrics['pretrained'] else 'scratch'}. Hardware: {metrics['hardware']}.",
@@ -87,8 +86,7 @@ def render_markdown(metrics: dict, summary: dict) -> str:
     for stem in stems[1:]:
         key = f"delta_{stem}"
         lines.append(f"| Δ {stem} − conv | " + " | ".join(
-            (f"{e[key]['mean']:+.2f}" + (f" ± {e[key]['ci95']:.3f}" if e[key]["ci95"] is not None else ""))
-            if key in e else "—" for e in summary.values()) + " |")
+            _delta(e[key]) if key in e else "—" for e in summary.values()) + " |")
     unlearned = [f"{stem} {f}" for f, e in summary.items() for stem in stems if stem in e and not e[stem]["learned"]]
     lines += ["", f"Chance: the best constant prediction's mIoU on the same validation masks and IoUMetric (every "
               f"pixel \"{chance['class']}\"). A cell counts as learned when its mean is at least "
@@ -96,6 +94,12 @@ def render_markdown(metrics: dict, summary: dict) -> str:
               + (f"not learned: {', '.join(unlearned)}." if unlearned else "every cell learned."),
               "", "![Table 5 figure](table5.png)", ""]
     return "\n".join(lines)
+
+
+def _delta(d: dict) -> str:
+    """A Δ cell: mean ± CI and its verdict, ``no verdict`` where a side did not learn."""
+    verdict = verdict_text(d) if d.get("learned") is not False else "no verdict"
+    return f"{d['mean']:+.2f}" + (f" ± {d['ci95']:.3f}" if d["ci95"] is not None else "") + f", {verdict}"
 
 
 def _images(metrics: dict, fraction: str) -> str:

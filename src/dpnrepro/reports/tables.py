@@ -5,11 +5,10 @@ one sweep of the pipeline (``metrics/<sweep>.json``). Everything is computed fro
 so the same inputs give byte-identical outputs on any machine.
 
 Statistics follow Sec. 5.1 of the paper: ImageNet-1k-style blocks (top-1) report the mean and 95 %
-t-interval over training seeds; the 21k / JFT-style blocks train once and report the mean and 95 %
-interval over the few-shot draws. DPN − base deltas are paired (same seed, or same draw of the shots),
-tested with a two-sided paired t-test and given a verdict (better / worse / not resolved:
-:mod:`dpnrepro.stats`). Pairing by few-shot draw measures the noise of the draws only, not
-of training (one training run per model, as the paper).
+t-interval over training seeds; the 21k / JFT-style blocks report few-shot accuracy, averaged over the
+draws of the shots within each training seed. DPN − base deltas are paired by seed and given their
+verdict by :func:`dpnrepro.stats.paired_by_seed` (docs/tables-and-figures.md#statistics). A block trained
+once shows its Δ with the spread over the draws (evaluation noise, not training noise) and no verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_test
+from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_by_seed, seed_means, verdict_text
 
 BASE_STEM = "conv"
 
@@ -68,40 +67,38 @@ def table_sweeps(table: int) -> list[str]:
 # Ours
 
 
-def _samples(run: dict, evaluate: str) -> tuple[float, dict]:
-    """The run's headline accuracy and its samples keyed for pairing (per seed, or per few-shot draw)."""
+def _samples(run: dict, evaluate: str) -> float | list[float]:
+    """The run's accuracy: top-1, or its few-shot accuracy per draw of the shots."""
     if evaluate == "fewshot":
-        key = next(k for k in run if k.startswith("fewshot") and k.endswith("_top1_draws"))
-        draws = run[key]
-        return run[key[: -len("_draws")]], {(run["seed"], i): v for i, v in enumerate(draws)}
-    return run["val_top1"], {(run["seed"], 0): run["val_top1"]}
+        return run[next(k for k in run if k.startswith("fewshot") and k.endswith("_top1_draws"))]
+    return run["val_top1"]
+
+
+def _cell(per_seed: dict[int, float | list[float]], over_draws: bool) -> dict:
+    """A stem's mean ± 95 % CI: over seeds (draws averaged within each), or over the draws of one seed."""
+    seeds = sorted(per_seed)
+    values = list(per_seed[seeds[0]]) if over_draws and len(seeds) == 1 else \
+        [seed_means(per_seed)[s] for s in seeds]
+    mean, ci = mean_ci95(values)
+    return {"mean": mean, "ci95": ci, "n": len(values),
+            "over": "few-shot draws" if over_draws and len(seeds) == 1 else "seeds", "seeds": seeds}
 
 
 def summarize_sweep(metrics: dict) -> dict:
-    """{arch: {stem: {mean, ci95, n, over}, 'delta_<stem>': {mean, ci95, low, high, p, test, verdict, vs, n}}}
-    for one sweep (deltas: :func:`dpnrepro.stats.paired_test`)."""
+    """{arch: {stem: {mean, ci95, n, over, seeds}, 'delta_<stem>': paired_by_seed(stem, base) + {vs}}} for
+    one sweep."""
     evaluate = metrics.get("evaluate", "top1")
     by: dict[str, dict[str, dict]] = {}
     for run in metrics["runs"].values():
-        _, samples = _samples(run, evaluate)
-        by.setdefault(run["arch"], {}).setdefault(run["stem"], {}).update(samples)
+        by.setdefault(run["arch"], {}).setdefault(run["stem"], {})[run["seed"]] = _samples(run, evaluate)
     out = {}
     for arch, stems in sorted(by.items()):
         entry = {}
         base = BASE_STEM if BASE_STEM in stems else sorted(stems)[0]
-        for stem, samples in sorted(stems.items()):
-            keys = sorted(samples)
-            mean, ci = mean_ci95([samples[k] for k in keys])
-            entry[stem] = {"mean": mean, "ci95": ci, "n": len(keys),
-                           "over": "few-shot draws" if evaluate == "fewshot" else "seeds",
-                           "seeds": sorted({k[0] for k in keys})}
+        for stem, per_seed in sorted(stems.items()):
+            entry[stem] = _cell(per_seed, evaluate == "fewshot")
             if stem != base:
-                common = sorted(set(samples) & set(stems[base]))
-                test = paired_test([samples[k] for k in common], [stems[base][k] for k in common])
-                if evaluate == "fewshot" and len({k[0] for k in common}) < 2 and test["verdict"] != "not resolved":
-                    # paired by draw of the shots of one training run: training noise is not in the CI
-                    test["verdict"] += " (over draws, 1 training run)"
-                entry[f"delta_{stem}"] = {**test, "vs": base}
+                entry[f"delta_{stem}"] = {**paired_by_seed(per_seed, stems[base]), "vs": base}
         out[arch] = entry
     return out
 
@@ -173,10 +170,12 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
         f"## Ours (profile `{context['profile']}`, measured by this pipeline)",
         "",
         f"- Data: {context['dataset']}. Top-1 blocks: accuracy (%) on the `val` split ({context['val_examples']} "
-        "images), mean ± 95 % CI (Student t) over training seeds. Few-shot blocks (trained once, as the paper "
-        "does): fewshot_lsr accuracy (%) on `val`, mean ± 95 % CI over the few-shot draws.",
-        "- Δ = stem − conv, paired by seed (top-1) or by draw (few-shot), ± its 95 % CI; p: two-sided paired "
-        f"t-test; verdict: better / worse when the CI excludes 0 over at least {MIN_PAIRS} pairs, else not resolved. "
+        "images), mean ± 95 % CI (Student t) over training seeds. Few-shot blocks: fewshot_lsr accuracy (%) on "
+        "`val`, the draws of the shots averaged within each training seed, mean ± 95 % CI over seeds (a block "
+        "trained once: over its draws, which measure evaluation noise, not training noise).",
+        "- Δ = stem − conv, paired by training seed, ± its 95 % CI; p: two-sided paired t-test; verdict: better / "
+        f"worse when the CI excludes 0 over at least {MIN_PAIRS} training seeds, else not resolved (a block with "
+        "fewer seeds says how many; its Δ over draws is shown, not judged). "
         "Paper columns: the printed values with the paper's 95 % CI, for the same arch.",
         f"- Hardware: {context['hardware']}.",
         "",
@@ -207,7 +206,7 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
             cells = [fmt_ci(e[s]["mean"], e[s]["ci95"], 2) if s in e else "—" for s in stems]
             for s in others:
                 d = e.get(f"delta_{s}")
-                cells += ["—"] * 3 if d is None else [fmt_delta(d), fmt_p(d["p"]), d["verdict"]]
+                cells += ["—"] * 3 if d is None else [fmt_delta(d), fmt_p(d["p"]), verdict_text(d)]
             label = _our_arch(arch, block)
             row = paper_by_arch.get(label)
             cells += ([_printed(row["base"]), _printed(row["dpn"]), f"{paper_delta(row):+.1f}"] if row

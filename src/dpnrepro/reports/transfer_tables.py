@@ -86,10 +86,8 @@ def _add_deltas(stems: dict) -> None:
     if BASE_STEM not in stems:
         return
     for stem in [s for s in stems if s != BASE_STEM and not s.startswith("delta_")]:
-        test = paired_test(stems[stem]["test"], stems[BASE_STEM]["test"])
-        d, ci = test["mean"], test["ci95"]
-        stems[f"delta_{stem}"] = {"mean": d, "ci95": ci, "n": test["n"], "verdict": test["verdict"], "vs": BASE_STEM,
-                                  "outside_ci": ci is not None and abs(d) > ci,
+        treated, control = stems[stem]["test"], stems[BASE_STEM]["test"]
+        stems[f"delta_{stem}"] = {**paired_test(treated, control, training_pairs=len(treated)), "vs": BASE_STEM,
                                   **learned_delta({s: stems[s] for s in (BASE_STEM, stem)})}
 
 
@@ -172,7 +170,7 @@ def _at_chance(cell: dict) -> str:
 
 
 def _decided(d: dict | None) -> bool:
-    """Whether a Δ carries a verdict: better / worse under :func:`stats.verdict`, and both sides learned."""
+    """Whether a Δ carries a verdict: better / worse from :func:`stats.paired_test`, and both sides learned."""
     return d is not None and d["verdict"] != "not resolved" and d.get("learned") is not False
 
 
@@ -238,8 +236,8 @@ def summarize_scratch(metrics: dict) -> dict:
     for stems in out.values():
         if BASE_STEM in stems:
             for stem in [s for s in stems if s != BASE_STEM]:
-                stems[f"delta_{stem}"] = {s: {"mean": stems[stem][s]["test"] - stems[BASE_STEM][s]["test"],
-                                              "ci95": None,
+                stems[f"delta_{stem}"] = {s: {**paired_test([stems[stem][s]["test"]], [stems[BASE_STEM][s]["test"]],
+                                                            training_pairs=1),
                                               **learned_delta({b: stems[b][s] for b in (BASE_STEM, stem)})}
                                           for s in SETTINGS}
     return out

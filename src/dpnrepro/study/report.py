@@ -2,8 +2,8 @@
 (metrics/study/<cell>.json), so committed metrics regenerate the report without params, data or weights.
 
 Every comparison is a difference paired by training seed (same seed = same initialisation order and
-data order), tested with :func:`dpnrepro.stats.paired_test` (two-sided paired t-test) and given
-a verdict: better / worse when its 95 % CI excludes 0, else not resolved.
+data order), tested and given its verdict by :func:`dpnrepro.stats.paired_by_seed`
+(docs/tables-and-figures.md#statistics).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dpnrepro.models import parse_arch
 from dpnrepro.reports import headline
 from dpnrepro.reports.ablations import TABLE6_STEMS
 from dpnrepro.reports.plotting import write_report
-from dpnrepro.stats import fmt_ci, fmt_p, mean_ci95, paired_by_seed
+from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_by_seed, verdict_text
 from dpnrepro.study.probe import METRICS_NAME as PROBE_METRICS
 
 TREATED, CONTROL = "dpn", "conv"
@@ -182,7 +182,8 @@ def render_markdown(cells: list[dict], summary: dict, probe: dict | None = None)
         f"- Hardware: {hardware}. Runs are bit-reproducible on any x86-64 CPU with AVX2 "
         "(docs/determinism.md).",
         "- Statistics: mean ± 95 % t-interval over seeds; DPN − conv paired by seed; two-sided paired t-test; "
-        "verdict better / worse when the 95 % CI of the difference excludes 0, else not resolved.",
+        f"verdict better / worse when the 95 % CI of the difference excludes 0 over at least {MIN_PAIRS} seeds, else "
+        "not resolved.",
         "",
         "## DPN vs conv stem (top-1 %, held-out test split)",
         "",
@@ -193,7 +194,7 @@ def render_markdown(cells: list[dict], summary: dict, probe: dict | None = None)
         d = r["delta"]
         lines.append(f"| {r['dataset']} | {_patch(r['arch'])} | {r['steps']} | {fmt_ci(r[CONTROL]['mean'], r[CONTROL]['ci95'], 2)} "
                      f"| {fmt_ci(r[TREATED]['mean'], r[TREATED]['ci95'], 2)} | {_interval(d)} | {fmt_p(d['p'])} "
-                     f"| {d['verdict']} | {d['n']} |")
+                     f"| {verdict_text(d)} | {d['n']} |")
     lines += ["", "## Has accuracy stopped rising at the long schedule?", "",
               "The same runs at twice the long schedule (seeds in common), each stem's gain paired by seed. "
               "A gain that is not resolved (or negative) means the long schedule is at its plateau.", "",
@@ -205,7 +206,7 @@ def render_markdown(cells: list[dict], summary: dict, probe: dict | None = None)
         for stem in (CONTROL, TREATED):
             g = r["gain"][stem]
             lines.append(f"| {r['dataset']} | {_patch(r['arch'])} | {stem} | {r['vs_steps']} | {r['steps']} "
-                         f"| {_interval(g)} | {fmt_p(g['p'])} | {g['verdict']} "
+                         f"| {_interval(g)} | {fmt_p(g['p'])} | {verdict_text(g)} "
                          f"| {_interval(r['delta']) if stem == TREATED else ''} |")
     for ab in summary["ablations"]:
         lines += ["", f"## Table 6 stems at {ab['steps']} steps ({ab['dataset']}, patch {_patch(ab['arch'])}): "
@@ -215,7 +216,7 @@ def render_markdown(cells: list[dict], summary: dict, probe: dict | None = None)
             name = "DPN" if row["stem"] == TREATED else TABLE6_STEMS.get(row["stem"], row["stem"])
             vs = row.get("vs_dpn")
             lines.append(f"| {name} | {fmt_ci(row['mean'], row['ci95'], 2)} | {_interval(vs) if vs else '(reference)'} "
-                         f"| {fmt_p(vs['p']) if vs else ''} | {vs['verdict'] if vs else ''} | {row['n']} |")
+                         f"| {fmt_p(vs['p']) if vs else ''} | {verdict_text(vs) if vs else ''} | {row['n']} |")
     lines += render_probe(probe) if probe else []
     lines += ["", "## What this can and cannot show", "",
               "- It measures DPN against the conv stem for tiny ViTs on 28-px grey images at short schedules; "
