@@ -299,11 +299,30 @@ def test_table4_summary_means_cis_and_paired_deltas():
     runs = {}
     for stem, accs in (("conv", [50.0, 52.0, 54.0]), ("dpn", [51.0, 54.0, 54.0])):
         for seed, a in enumerate(accs):
-            runs[f"{stem}{seed}"] = {"sweep": "jft_220k", "arch": "Mu-7", "stem": stem, "seed": seed,
+            runs[f"{stem}{seed}"] = {"sweep": "jft_220k", "arch": "Mu-7", "stem": stem, "seed": seed, "tower_seed": 0,
                                      "zeroshot": {"fm": {"label": a}}}
     s = summarize({"datasets": {"fm": {}}, "classifiers": ["label"], "runs": runs})["fm"]["label"]["jft_220k"]["Mu-7"]
     assert s["conv"]["mean"] == pytest.approx(52.0) and s["conv"]["ci95"] == pytest.approx(4.303 * 2 / math.sqrt(3), rel=1e-3)
     assert s["delta_dpn"]["mean"] == pytest.approx(1.0) and s["delta_dpn"]["n"] == 3
+
+
+def _lit_delta(towers: int, lit_seeds: int) -> dict:
+    """Table 4's DPN − conv when DPN is 5 points better on every LiT run (±0.1 noise)."""
+    from dpnrepro.reports.table4 import summarize
+
+    runs = {f"{stem}{tower}_{seed}": {"sweep": "jft_220k", "arch": "Mu-7", "stem": stem, "seed": seed,
+                                      "tower_seed": tower,
+                                      "zeroshot": {"fm": {"label": 50.0 + 5.0 * (stem == "dpn") + 0.1 * ((tower + seed) % 2)}}}
+            for stem in ("conv", "dpn") for tower in range(towers) for seed in range(lit_seeds)}
+    return summarize({"datasets": {"fm": {}}, "classifiers": ["label"], "runs": runs})["fm"]["label"]["jft_220k"]["Mu-7"]["delta_dpn"]
+
+
+def test_table4_lit_seeds_of_one_pair_of_towers_never_decide():
+    one_pair = _lit_delta(towers=1, lit_seeds=5)  # LiT's noise over a single pretraining pair: not the method's
+    assert one_pair["mean"] > 4.8 and one_pair["low"] > 0
+    assert one_pair["verdict"] == "not resolved" and one_pair["why"] == "1 training run"
+    three = _lit_delta(towers=3, lit_seeds=1)  # three independently pretrained pairs of towers
+    assert three["training_pairs"] == 3 and three["verdict"] == "better"
 
 
 def test_cost_model_counts_the_locked_forward_and_the_text_training():
@@ -324,7 +343,8 @@ def test_report_and_full_profile_state_that_the_image_pipeline_is_not_lit_cocos(
     # big_vision's lit_coco.py pipeline (resize(224) | flip_lr | randaug(2, 10)) would not allow
     from dpnrepro.reports.table4 import IMAGE_PIPELINE, render_markdown, summarize
 
-    runs = {f"{stem}{seed}": {"sweep": "jft_220k", "arch": "B-32", "stem": stem, "seed": seed, "hardware": "cpu",
+    runs = {f"{stem}{seed}": {"sweep": "jft_220k", "arch": "B-32", "stem": stem, "seed": seed, "tower_seed": 0,
+                              "hardware": "cpu",
                               "zeroshot": {"imagenet": {"label": 50.0 + seed}}}
             for stem in ("conv", "dpn") for seed in range(2)}
     metrics = {"profile": "full", "headline": "imagenet", "classifiers": ["label"], "recipe": "r", "runs": runs,
