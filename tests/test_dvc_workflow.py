@@ -38,14 +38,16 @@ def test_only_headline_files_are_dvc_metrics():
                 assert len(metrics) == len(summaries), (name, stage)
 
 
-def test_headline_verdict_is_the_summary_s_or_the_ci_rule():
-    from dpnrepro.reports.headline import difference
+def test_headline_verdict_is_the_one_paired_test_recorded():
+    from dpnrepro.reports.headline import NO_VERDICT, difference
 
-    assert difference(1.0, 0.5) == {"mean": 1.0, "ci95": 0.5, "verdict": "better"}
-    assert difference(-1.0, 0.5)["verdict"] == "worse"
-    assert difference(1.0, 2.0)["verdict"] == "not resolved"
-    assert difference(1.0, None) == {"mean": 1.0, "verdict": "not resolved"}
-    assert difference(1.0, 0.5, "not resolved")["verdict"] == "not resolved"  # the paired t-test's own verdict
+    assert difference({"mean": 1.0, "ci95": 0.5, "verdict": "better", "n": 3}) == \
+        {"mean": 1.0, "ci95": 0.5, "verdict": "better"}
+    assert difference({"mean": 1.0, "ci95": None, "verdict": "not resolved", "why": "1 training run"}) == \
+        {"mean": 1.0, "verdict": "not resolved (1 training run)"}
+    assert difference({"mean": 1.0, "ci95": 0.5, "verdict": "better", "learned": False})["verdict"] == NO_VERDICT
+    with pytest.raises(ValueError, match="paired_test"):
+        difference({"mean": 1.0, "ci95": 0.5})  # no interval rule of its own
 
 
 def _build_every_report(root) -> None:

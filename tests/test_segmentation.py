@@ -448,7 +448,8 @@ def test_table5_summary_pairs_seeds(tmp_path):
     md, png, _ = build_table5(tmp_path / "m", tmp_path / "r")
     text = md.read_text()
     assert "27.3 ± 0.09" in text and "46.1 ± 0.11" in text and "| Δ | +0.7 | +1.1 | +1.1 | +1.1 | +0.5 |" in text
-    assert "| Δ dpn − conv | +1.50 ± 1.242 | +1.50 ± 1.242 |" in text
+    assert "| Δ dpn − conv | +1.50 ± 1.242, no verdict | +1.50 ± 1.242, no verdict |" in text  # conv at chance
+    assert s["1/4"]["delta_dpn"]["verdict"] == "better" and s["1/4"]["delta_dpn"]["training_pairs"] == 3
     assert "| chance | 12.00 | 12.00 |" in text and "not learned: conv 1/4, dpn 1/4, conv 1." in text
     assert png.read_bytes()[:4] == b"\x89PNG"
 

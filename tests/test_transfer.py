@@ -297,13 +297,17 @@ def _vtab_metrics(base, dpn, svhn_chance=10.0):
                           k: {**v, "test": [a + 10 for a in v["test"]]} for k, v in runs.items()}}}}
 
 
-def test_table3_flags_differences_outside_the_ci_and_averages_groups_per_seed(tmp_path):
+def test_table3_verdicts_over_three_seeds_and_groups_averaged_per_seed(tmp_path):
     from dpnrepro.reports.transfer_tables import build_transfer_table, summarize_vtab
 
     clear = summarize_vtab(_vtab_metrics([50, 51, 52], [60, 61, 62.5]))
-    assert clear["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["outside_ci"]
+    assert clear["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["verdict"] == "better"
     noisy = summarize_vtab(_vtab_metrics([50, 60, 40], [52, 55, 47]))
-    assert not noisy["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["outside_ci"]
+    assert noisy["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]["verdict"] == "not resolved"
+    two_seeds = _vtab_metrics([50, 51], [60, 61.5])
+    two_seeds["seeds"] = [0, 1]
+    delta = summarize_vtab(two_seeds)["tasks"]["SVHN"]["archs"]["Mu-7"]["delta_dpn"]
+    assert delta["low"] > 0 and delta["verdict"] == "not resolved" and delta["why"] == "2 training runs"
     group = clear["groups"]["natural"]["Mu-7"]["conv"]
     assert group["test"] == [55, 56, 57] and group["mean"] == pytest.approx(56)
     assert group["learned"] and group["chance"] == pytest.approx((10 + 33.3) / 2)
@@ -339,8 +343,11 @@ def test_table7_rows_from_the_search(tmp_path):
     assert "| + Train Longer | 42.00 (42.00) | 47.00 (47.00) | +5.00 |" in text
     arch = summary["Mu-7"]  # conv's 40 % is not 10 points above the 32 % majority class; its 42 % is
     assert not arch["conv"]["from scratch"]["learned"] and arch["conv"]["+ Train Longer"]["learned"]
-    assert arch["delta_dpn"]["from scratch"] == {"mean": 5.0, "ci95": None, "chance": 32.0, "learned": False,
-                                                 "at_chance": ["conv"]}
+    scratch = arch["delta_dpn"]["from scratch"]  # one model per row: one training run, never a verdict
+    assert {k: scratch[k] for k in ("mean", "ci95", "chance", "learned", "at_chance")} == \
+        {"mean": 5.0, "ci95": None, "chance": 32.0, "learned": False, "at_chance": ["conv"]}
+    longer = arch["delta_dpn"]["+ Train Longer"]
+    assert longer["learned"] and longer["verdict"] == "not resolved" and longer["why"] == "1 training run"
     assert "| from scratch | 41.4 | 47.5 | +6.1 | 45.6 | 51.8 | +6.2 |" in text
 
 
