@@ -225,7 +225,8 @@ def fewshot_from_features(train_x: np.ndarray, train_y: np.ndarray, test_x: np.n
     """Few-shot accuracies (%) for each ``shots`` over draws ``0 .. draws-1`` from a feature pool.
 
     Returns ``{shots: {"draws": [acc per draw], "mean": m, "ci95": half-width or None}}`` with the
-    mean and 95 % t-interval of :func:`dpnrepro.stats.mean_ci95` over the draws.
+    mean and 95 % t-interval of :func:`dpnrepro.stats.mean_ci95` over the draws: the spread of the
+    evaluation, not of training (the reports average draws within a seed; docs/tables-and-figures.md#statistics).
     """
     from dpnrepro.stats import mean_ci95
 
