@@ -276,3 +276,18 @@ def test_compile_levers_reach_torch_compile(monkeypatch):
     assert seen == [("loss_of", None), ("__call__", "max-autotune-no-cudagraphs"), ("update", None)]
     with pytest.raises(UserError, match="sdpa_backend"):
         StepLevers(sdpa_backend="fast")
+
+
+def test_the_benchmark_times_the_optimizer_training_uses():
+    """On the CPU too, the contenders step the optimizer the trainer builds (torch's fused AdamW)."""
+    from dpnrepro.benchmarks.contenders import DEFAULT_OPTIM, Contender, photo_batch
+    from dpnrepro.models import build_vit
+    from dpnrepro.training.losses import one_hot_targets
+    from dpnrepro.training.optim import build_optimizer
+
+    model = build_vit("Mu/7", stem="dpn", img_size=28, num_classes=10)
+    timed = Contender(model, "m", photo_batch(2, 28), one_hot_targets(torch.arange(2), 10), optim_cfg=DEFAULT_OPTIM,
+                      grad_clip=1.0, compile_model=False).optimizer
+    trained = build_optimizer(model, DEFAULT_OPTIM)  # as training/trainer.py builds it
+    assert type(timed) is type(trained) and timed.defaults == trained.defaults
+    assert timed.defaults["fused"] is True
