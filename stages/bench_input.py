@@ -8,13 +8,12 @@ command-line overrides the results go to other files, never to the stage's outpu
     # -> metrics/input_pipeline_cli.json, reports/input_pipeline_cli.md (or --out-json / --out-md)
 """
 
-import argparse
 import os
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpnrepro.benchmarks.stage_cli import add_output_options, add_settings_options, output_paths, settings_of
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_parser
 from dpnrepro.io import all_or_nothing, write_json_atomic, write_text_atomic
 
 
@@ -34,7 +33,7 @@ CLI_OUTS = ("metrics/input_pipeline_cli.json", "reports/input_pipeline_cli.md")
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stage_parser(__doc__)
     add_settings_options(ap, Settings, "bench_input")
     add_output_options(ap, STAGE_OUTS, CLI_OUTS)
     args = ap.parse_args()

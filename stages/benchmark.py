@@ -9,10 +9,8 @@ which must stay a function of the tracked params:
     # -> metrics/benchmarks_cli.json, reports/benchmarks_cli.md (or --out-json / --out-md)
 """
 
-import argparse
-
 from dpnrepro.benchmarks.stage_cli import add_output_options, add_settings_options, output_paths, settings_of
-from dpnrepro.cli import hardware_label, stage
+from dpnrepro.cli import hardware_label, stage, stage_parser
 from dpnrepro.config.benchmarks import BenchmarkParams
 from dpnrepro.config.params import load_params
 from dpnrepro.io import all_or_nothing, write_json_atomic, write_text_atomic
@@ -23,7 +21,7 @@ CLI_OUTS = ("metrics/benchmarks_cli.json", "reports/benchmarks_cli.md")
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stage_parser(__doc__)
     ap.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     add_settings_options(ap, BenchmarkParams, "benchmark")  # --archs, --batch-size, ...: one per field
     ap.add_argument("--num-classes", type=int)
