@@ -4,6 +4,7 @@ tests/test_faults.py."""
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 
@@ -180,3 +181,76 @@ def test_segment_one_run_flags_name_the_valid_values(tmp_path, flags, expect):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and expect in lines[0], proc.stderr
     assert not (project / "checkpoints").exists() and not (project / "runs").exists()
+
+
+@pytest.fixture()
+def saved_split(tmp_path):
+    """A tiny prepared split written by ``datasets``: ``(prepared folder, split folder)``."""
+    import datasets
+
+    datasets.Dataset.from_dict({"label": [0, 1, 2]}).save_to_disk(str(tmp_path / "prepared" / "train"))
+    return tmp_path / "prepared", tmp_path / "prepared" / "train"
+
+
+def _fail_opening(monkeypatch, folder, exc: BaseException) -> None:
+    """``open`` raises ``exc`` for the files in ``folder`` (what datasets reads a split's metadata with)."""
+    import builtins
+
+    real_open = builtins.open
+
+    def faulty_open(file, *args, **kwargs):
+        if str(file).startswith(str(folder)):
+            raise exc
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", faulty_open)
+
+
+@pytest.mark.parametrize("fault", [
+    PermissionError(errno.EACCES, "Permission denied"),
+    OSError(errno.EIO, "Input/output error"),
+    MemoryError(),
+], ids=["EACCES", "EIO", "MemoryError"])
+def test_a_fault_of_the_machine_reading_prepared_data_keeps_its_cause(saved_split, monkeypatch, fault):
+    """Not blamed on the data ("rerun dvc repro prepare"): the fault itself reaches the stage."""
+    from dpnrepro.cli import fault_message
+    from dpnrepro.data.loader import load_split
+
+    prepared, split = saved_split
+    if isinstance(fault, OSError):
+        fault.filename = str(split / "state.json")
+    _fail_opening(monkeypatch, split, fault)
+    with pytest.raises(type(fault)) as caught:
+        load_split(prepared, "train")
+    assert caught.value is fault
+    if isinstance(fault, PermissionError):
+        assert fault_message(caught.value).startswith(f"permission denied: {split / 'state.json'}; ")
+
+
+def test_an_unreadable_prepared_file_is_a_permission_fault(saved_split):
+    """The same, caused for real: a split file the user may not read (modes do not stop root)."""
+    import os
+
+    from dpnrepro.cli import fault_message
+    from dpnrepro.data.loader import load_split
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000")
+    prepared, split = saved_split
+    (split / "state.json").chmod(0)
+    with pytest.raises(PermissionError) as caught:
+        load_split(prepared, "train")
+    assert fault_message(caught.value).startswith("permission denied")
+
+
+def test_a_misplaced_prepared_file_is_damaged_data(saved_split):
+    """A folder where the split's data file belongs is data to rebuild, said in one line."""
+    from dpnrepro.data.loader import load_split
+    from dpnrepro.errors import DatasetError
+
+    prepared, split = saved_split
+    arrow = next(split.glob("*.arrow"))
+    arrow.unlink()
+    arrow.mkdir()
+    with pytest.raises(DatasetError, match=r"prepared split .*train cannot be read .*rerun `dvc repro prepare`"):
+        load_split(prepared, "train")
