@@ -355,3 +355,17 @@ def test_lit_train_is_the_train_sections_fields_adam_only_and_two_captions_a_bat
         raw = _raw()
         raw["lit"]["train"][key] = value
         assert _error(tmp_path, raw).endswith(message), key
+
+
+@pytest.mark.parametrize("where", ["top", "sweep"])
+def test_image_size_not_a_multiple_of_the_patch_is_refused(tmp_path, where):
+    """Caught by the schema, naming the key, before a stage reaches timm's patch embedding."""
+    raw = _raw()
+    if where == "top":
+        raw["input"].update(image_size=27, eval_resize=27)
+        raw.pop("vtab")  # its own squash resize (eval_resize 28) would refuse 27 for another reason
+    else:
+        raw["ft384"]["recipe"]["input"].update(image_size=50, eval_resize=53)
+    msg = _error(tmp_path, raw)
+    size, sweep = (27, "table1") if where == "top" else (50, "ft384")
+    assert f"{sweep} (arch Mu-7): input.image_size {size} is not a multiple of the patch size 7 of Mu-7" in msg, msg
