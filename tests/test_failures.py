@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import sys
 
 import pytest
@@ -254,3 +255,53 @@ def test_a_misplaced_prepared_file_is_damaged_data(saved_split):
     arrow.mkdir()
     with pytest.raises(DatasetError, match=r"prepared split .*train cannot be read .*rerun `dvc repro prepare`"):
         load_split(prepared, "train")
+
+
+def _run_stage(script: str, *args: str) -> int:
+    """``python stages/<script> <args>`` in this process (the working folder as set); its exit code."""
+    import runpy
+
+    from helpers import REPO
+
+    sys.argv = [script, *args]
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "stages" / script), run_name="__main__")
+    return exc.value.code
+
+
+@pytest.mark.parametrize("cut", [0, 0.5])
+def test_a_damaged_study_cell_is_one_line_naming_it_and_how_to_restore_it(tmp_path, monkeypatch, capsys, cut):
+    import shutil
+
+    from helpers import REPO
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    shutil.copytree(REPO / "metrics/study", tmp_path / "metrics/study")
+    cell = tmp_path / "metrics/study/mnist-Mu-7-short.json"
+    cell.write_text(cell.read_text()[: int(len(cell.read_text()) * cut)])
+    assert _run_stage("study_report.py") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: metrics/study/mnist-Mu-7-short.json is not valid JSON (" + err.split(" (", 1)[1]) and \
+        err.endswith("; restore it with `git checkout -- metrics/study/mnist-Mu-7-short.json` or rerun "
+                     "`dvc repro study/dvc.yaml:study-mnist-Mu-7-short`"), err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_missing_or_damaged_paper_table_names_the_file_and_how_to_restore_it(tmp_path, monkeypatch):
+    from dpnrepro.reports.paper import load_paper_table
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPNREPRO_ROOT", str(tmp_path))
+    table = tmp_path / "reports/paper/table1.yaml"
+    table.parent.mkdir(parents=True)
+    restore = "restore the transcription with `git checkout -- reports/paper/table1.yaml`"
+    with pytest.raises(UserError, match=f"^{re.escape(f'{table} is missing; {restore}')}$"):
+        load_paper_table(1)
+    for damaged, says in [("", "holds nothing, not a mapping"), ("- a list\n", "holds list, not a mapping"),
+                          ("rows:\n  - {arch: B/16, value: '7", "is not valid YAML")]:
+        table.write_text(damaged)
+        with pytest.raises(UserError) as exc:
+            load_paper_table(1)
+        assert str(exc.value).startswith(f"{table} {says}") and str(exc.value).endswith(restore), exc.value
