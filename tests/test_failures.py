@@ -305,3 +305,14 @@ def test_a_missing_or_damaged_paper_table_names_the_file_and_how_to_restore_it(t
         with pytest.raises(UserError) as exc:
             load_paper_table(1)
         assert str(exc.value).startswith(f"{table} {says}") and str(exc.value).endswith(restore), exc.value
+
+
+def test_study_params_that_are_not_utf8_are_one_params_error(tmp_path):
+    from dpnrepro.errors import ParamsError
+    from dpnrepro.study.config import load_study_params
+
+    path = tmp_path / "params.yaml"
+    path.write_bytes(b"study:\n  threads_per_run: \xff\n")
+    with pytest.raises(ParamsError, match=r"params.yaml is not UTF-8 text .*; restore it with `git checkout -- "
+                                          r"study/params.yaml`"):
+        load_study_params(path)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dpnrepro.config.core import DataParams, InputParams, ModelParams, TrainParams, parse_arch_checked
 from dpnrepro.errors import ParamsError
+from dpnrepro.io import read_yaml
 
 PARAMS_FILE = Path("study/params.yaml")
 
@@ -141,13 +141,8 @@ class Cell(NamedTuple):
 
 def load_study_params(path: str | Path = PARAMS_FILE) -> StudyParams:
     path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict) or "study" not in raw:
+    raw = read_yaml(path, fix=f"restore it with `git checkout -- {PARAMS_FILE}`", error=ParamsError)
+    if "study" not in raw:
         raise ParamsError(f"{path} must hold a `study` section")
     try:
         return StudyParams.model_validate(raw["study"])
