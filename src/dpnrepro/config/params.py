@@ -22,7 +22,7 @@ import yaml
 from pydantic import Field, ValidationError, create_model, model_validator
 
 from dpnrepro.config.core import (DataParams, ExportParams, InputParams, ModelParams, TrainParams, _describe, _Section,
-                                  arch_name)
+                                  check_patch_grid)
 from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.config.sweeps import EVALUATORS, SWEEPS, SweepParams, sweep_config
 from dpnrepro.errors import ParamsError
@@ -95,7 +95,7 @@ class _CoreParams(_Section):
                 try:
                     cfg = sweep_config(self, name, arch, variant)
                     cfg.runtime.check_batch(cfg.train.batch_size)
-                    _check_patch_grid(arch, cfg.input.image_size)
+                    check_patch_grid(arch, cfg.input.image_size)
                 except ValidationError as exc:
                     raise ValueError(f"{name} (arch {arch}): {_describe(exc)}") from None
                 except ValueError as exc:
@@ -108,16 +108,6 @@ class _CoreParams(_Section):
     def sweeps(self) -> dict[str, SweepParams]:
         """The sweeps this profile defines, in dvc.yaml order."""
         return {name: getattr(self, name) for name in SWEEPS if getattr(self, name) is not None}
-
-
-def _check_patch_grid(arch: str, image_size: int) -> None:
-    """A ViT cuts its input into whole patches: ``input.image_size`` must be a multiple of the patch size."""
-    from dpnrepro.models.spec import parse_arch
-
-    patch = parse_arch(arch_name(arch))[1]
-    if image_size % patch:
-        raise ValueError(f"input.image_size {image_size} is not a multiple of the patch size {patch} of {arch}; "
-                         f"use e.g. {max(patch, image_size // patch * patch)}")
 
 
 # One field per sweep of SWEEPS (table1, which every other stage builds on, required), one per concern section

@@ -7,7 +7,8 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dpnrepro.config.core import DataParams, InputParams, ModelParams, TrainParams, parse_arch_checked
+from dpnrepro.config.core import (DataParams, InputParams, ModelParams, TrainParams, check_patch_grid,
+                                  parse_arch_checked)
 from dpnrepro.errors import ParamsError
 from dpnrepro.io import read_yaml
 
@@ -114,11 +115,16 @@ class StudyParams(_Section):
         """The validated recipe of the cell's runs: recipe + the dataset's input deltas + the schedule."""
         ds, sched = self.datasets[cell.dataset], self.schedules[cell.schedule]
         try:
-            return (InputParams.model_validate({**self.recipe.input, **ds.input}),
-                    ModelParams.model_validate(self.recipe.model),
-                    TrainParams.model_validate({**self.recipe.train, **sched.model_dump()}))
+            recipe = (InputParams.model_validate({**self.recipe.input, **ds.input}),
+                      ModelParams.model_validate(self.recipe.model),
+                      TrainParams.model_validate({**self.recipe.train, **sched.model_dump()}))
         except ValidationError as exc:
             raise ValueError(f"cell {cell.name}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        try:
+            check_patch_grid(cell.arch, recipe[0].image_size)
+        except ValueError as exc:
+            raise ValueError(f"cell {cell.name}: {exc}") from None
+        return recipe
 
     def tracked_keys(self, cell: Cell) -> list[str]:
         """The params a cell's results depend on (its DVC stage's `params`)."""
