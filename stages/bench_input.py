@@ -8,14 +8,13 @@ command-line overrides the results go to other files, never to the stage's outpu
     # -> metrics/input_pipeline_cli.json, reports/input_pipeline_cli.md (or --out-json / --out-md)
 """
 
-import argparse
 import os
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpnrepro.benchmarks.stage_cli import add_output_options, add_settings_options, output_paths, settings_of
-from dpnrepro.cli import stage
-from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.cli import stage, stage_parser
+from dpnrepro.io import all_or_nothing, write_json_atomic, write_text_atomic
 
 
 class Settings(BaseModel):
@@ -34,7 +33,7 @@ CLI_OUTS = ("metrics/input_pipeline_cli.json", "reports/input_pipeline_cli.md")
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stage_parser(__doc__)
     add_settings_options(ap, Settings, "bench_input")
     add_output_options(ap, STAGE_OUTS, CLI_OUTS)
     args = ap.parse_args()
@@ -46,13 +45,14 @@ def main() -> None:
     from dpnrepro.benchmarks.input_pipeline import render_markdown, run_input_benchmark
 
     res = run_input_benchmark(**settings.model_dump(), progress=not args.no_progress)
-    write_json_atomic(out_json, res)
-    write_text_atomic(out_md, render_markdown(res))
-    if not overrides:  # the stage's run: its headline is a DVC metric (benchmarks/dvc.yaml)
-        from dpnrepro.benchmarks.headline import input_headline
-        from dpnrepro.reports.headline import write_headline
+    with all_or_nothing():  # the new files together, or the previous ones stay
+        write_json_atomic(out_json, res)
+        write_text_atomic(out_md, render_markdown(res))
+        if not overrides:  # the stage's run: its headline is a DVC metric (benchmarks/dvc.yaml)
+            from dpnrepro.benchmarks.headline import input_headline
+            from dpnrepro.reports.headline import write_headline
 
-        write_headline("input_pipeline", input_headline(res))
+            write_headline("input_pipeline", input_headline(res))
     b, sp = res["backends"], res["speedups"]
     print(f"pil {b['pil']['img_per_s_per_core']:.1f} img/s/core, fast {b['fast']['img_per_s_per_core']:.1f} "
           f"({sp['fast_over_pil']['median']:.2f}x, {sp['fast_over_pil']['resolved']}), fast on pre-decoded uint8 "

@@ -9,13 +9,11 @@ which must stay a function of the tracked params:
     # -> metrics/benchmarks_cli.json, reports/benchmarks_cli.md (or --out-json / --out-md)
 """
 
-import argparse
-
 from dpnrepro.benchmarks.stage_cli import add_output_options, add_settings_options, output_paths, settings_of
-from dpnrepro.cli import hardware_label, stage
+from dpnrepro.cli import hardware_label, stage, stage_parser
 from dpnrepro.config.benchmarks import BenchmarkParams
 from dpnrepro.config.params import load_params
-from dpnrepro.io import write_json_atomic, write_text_atomic
+from dpnrepro.io import all_or_nothing, write_json_atomic, write_text_atomic
 
 STAGE_OUTS = ("metrics/benchmarks.json", "reports/benchmarks.md")
 CLI_OUTS = ("metrics/benchmarks_cli.json", "reports/benchmarks_cli.md")
@@ -23,7 +21,7 @@ CLI_OUTS = ("metrics/benchmarks_cli.json", "reports/benchmarks_cli.md")
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stage_parser(__doc__)
     ap.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     add_settings_options(ap, BenchmarkParams, "benchmark")  # --archs, --batch-size, ...: one per field
     ap.add_argument("--num-classes", type=int)
@@ -43,13 +41,14 @@ def main() -> None:
     result = run_benchmark(**bench.model_dump(), num_classes=args.num_classes or 1000, optim_cfg=params.train,
                            peak_tflops=args.peak_tflops, hardware=hardware_label(measured_on=True),
                            progress=not args.no_progress)
-    write_json_atomic(out_json, result)
-    write_text_atomic(out_md, render_markdown(result))
-    if not custom:  # the stage's run: its headline is a DVC metric (benchmarks/dvc.yaml)
-        from dpnrepro.benchmarks.headline import throughput_headline
-        from dpnrepro.reports.headline import write_headline
+    with all_or_nothing():  # the new files together, or the previous ones stay
+        write_json_atomic(out_json, result)
+        write_text_atomic(out_md, render_markdown(result))
+        if not custom:  # the stage's run: its headline is a DVC metric (benchmarks/dvc.yaml)
+            from dpnrepro.benchmarks.headline import throughput_headline
+            from dpnrepro.reports.headline import write_headline
 
-        write_headline("benchmarks", throughput_headline(result))
+            write_headline("benchmarks", throughput_headline(result))
     print(f"wrote {out_json}, {out_md} ({result['device']})")
 
 

@@ -8,12 +8,11 @@ command starts torchrun's agent itself (src/dpnrepro/training/launch.py): every 
 each split, rank 0 writes the metrics, the same bytes as one process.
 """
 
-import argparse
 import importlib
 from pathlib import Path
 
 from dpnrepro.artifacts import describe_recipe, read_config
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_parser
 from dpnrepro.config.params import load_params
 from dpnrepro.config.sweeps import EVALUATORS, SWEEPS, get_sweep, reports
 from dpnrepro.data.prepare import PREPARED, load_manifest
@@ -24,7 +23,7 @@ from dpnrepro.training import launch
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = stage_parser(__doc__)
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--table", type=int, choices=sorted({d.table for d in SWEEPS.values() if isinstance(d.table, int)}))
     which.add_argument("--report", choices=reports(), help="every sweep of a report (table<N>, figure1)")

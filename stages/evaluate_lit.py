@@ -3,7 +3,7 @@ classifier of ``lit.zeroshot.classifiers`` → metrics/lit.json."""
 
 from pathlib import Path
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.params import load_params
 from dpnrepro.errors import ParamsError
 from dpnrepro.io import write_json_atomic
@@ -14,6 +14,7 @@ OUT = Path("metrics/lit.json")
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     params = load_params()
     if params.lit is None:
         raise ParamsError("params.yaml has no `lit` section (Table 4); copy it from profiles/")

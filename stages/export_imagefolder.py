@@ -5,7 +5,7 @@ Profiles whose data already is an image folder (mini's own data, full's ImageNet
 null; the stage then writes an empty directory.
 """
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.params import load_params
 from dpnrepro.data.sources import export_idx_as_imagefolder
 from dpnrepro.io import atomic_dir
@@ -15,6 +15,7 @@ OUT = "data/raw/imagefolder"
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     spec = load_params().export_imagefolder
     with atomic_dir(OUT) as tmp:
         if spec is None:

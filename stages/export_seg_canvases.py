@@ -4,7 +4,7 @@
 Profiles that train on ADE20K itself set ``export_seg_canvases: null``; the stage then writes an
 empty directory."""
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.params import load_params
 from dpnrepro.config.segmentation import SegCanvasParams
 from dpnrepro.data.segmentation import export_canvases
@@ -15,6 +15,7 @@ OUT = "data/raw/seg_canvases"
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     spec: SegCanvasParams | None = load_params().export_seg_canvases
     with atomic_dir(OUT) as tmp:
         if spec is None:

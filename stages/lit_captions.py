@@ -3,7 +3,7 @@ from their real labels; ``lit_captions`` params) as a `datasets` directory with 
 Profiles that point ``lit.data.source`` at a corpus of their own set the section to null; the stage
 then writes an empty directory."""
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.lit import LitCaptionsParams
 from dpnrepro.config.params import load_params
 from dpnrepro.io import atomic_dir
@@ -13,6 +13,7 @@ OUT = "data/raw/lit_captions"
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     spec: LitCaptionsParams | None = load_params().lit_captions
     with atomic_dir(OUT) as tmp:
         if spec is None:

@@ -1,7 +1,7 @@
 """DVC stage `prepare`: raw datasets → data/prepared/{train,minival,val} + manifest.json, and the
 pretraining datasets of the 21k / JFT-style sweeps (if the profile has them) → data/upstream/<section>/."""
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.params import load_params
 from dpnrepro.data.prepare import PREPARED, UPSTREAM, prepare_dataset
 from dpnrepro.io import atomic_dir
@@ -16,6 +16,7 @@ def _report(section: str, manifest: dict) -> None:
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     params = load_params()
     workers = params.runtime.prepare_workers  # execution setting: the outputs do not depend on it
     _report("data", prepare_dataset(params.data.model_dump(), PREPARED, workers))

@@ -2,16 +2,14 @@
 for the reports the pipeline's stages write (dpnrepro.pipeline, what dvc.yaml is generated from), from their
 metrics, reports/paper, profiles/full.yaml and the committed GPU throughput."""
 
-import argparse
-
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.pipeline import stages
 from dpnrepro.reports.index import report_entries, write_index
 
 
 @stage
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
+    stage_arguments(__doc__)
     print(f"wrote {write_index(report_entries(stages()))}")
 
 

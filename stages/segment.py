@@ -10,16 +10,15 @@ With ``runtime.devices`` > 1 it spreads itself over that many processes (trainin
 trains every run (mmengine's DDP), rank 0 alone writes.
 """
 
-import argparse
 import itertools
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_parser
 from dpnrepro.config.params import load_params
 
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = stage_parser(__doc__)
     ap.add_argument("--stem")
     ap.add_argument("--fraction")
     ap.add_argument("--seed", type=int)

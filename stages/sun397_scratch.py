@@ -3,7 +3,7 @@
 With ``runtime.devices`` > 1 it spreads itself over that many processes (training/launch.py): every
 rank trains and evaluates, rank 0 alone writes."""
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.params import load_params
 from dpnrepro.config.transfer import transfer_config
 from dpnrepro.training.launch import metrics_stage
@@ -12,6 +12,7 @@ from dpnrepro.transfer.scratch import run_scratch
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     metrics_stage(load_params(), "sun397_scratch", "Table 7",
                   lambda p: transfer_config(p, p.sun397_scratch.recipe)[2], run_scratch, "runs", "variants")
 

@@ -2,16 +2,14 @@
 the paper's numbers → reports/table<N>.{md,png} + metrics/table<N>_summary.json. Needs neither params nor data nor weights:
 every metrics file carries its profile, data, recipe and hardware."""
 
-import argparse
-
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_parser
 from dpnrepro.reports.build import build_table
 from dpnrepro.reports.tables import TABLES
 
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = stage_parser(__doc__)
     ap.add_argument("--table", type=int, choices=[*sorted(TABLES), 5], required=True)
     args = ap.parse_args()
     if args.table == 5:

@@ -11,9 +11,7 @@ over ``runtime.nodes`` nodes (src/dpnrepro/training/launch.py); under a hand-sta
 trains. One process group for the whole sweep; rank 0 writes the outputs.
 """
 
-import argparse
-
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_parser
 from dpnrepro.config.params import load_params
 from dpnrepro.config.sweeps import get_sweep
 from dpnrepro.errors import ParamsError
@@ -23,7 +21,7 @@ from dpnrepro.training.run import train_stage
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stage_parser(__doc__)
     ap.add_argument("--sweep", required=True)
     ap.add_argument("--arch", help="one run only (with --stem and --seed)")
     ap.add_argument("--stem")

@@ -4,7 +4,7 @@ The smoke profile points its VTAB tasks and Sun397 at them; mini/full list none 
 
 from pathlib import Path
 
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.config.params import load_params
 from dpnrepro.config.transfer import TransferDataParams
 from dpnrepro.io import atomic_dir
@@ -13,6 +13,7 @@ from dpnrepro.transfer.smoke_data import build_source
 
 @stage
 def main() -> None:
+    stage_arguments(__doc__)
     td: TransferDataParams = load_params().transfer_data
     with atomic_dir(Path(td.out)) as tmp:
         for name, src in td.sources.items():

@@ -2,15 +2,13 @@
 reports/table<N>.{md,png} + metrics/table<N>_summary.json (reports/transfer_tables.py). Needs neither
 params nor data nor weights: the metrics carry profile, recipe and hardware."""
 
-import argparse
-
-from dpnrepro.cli import stage
+from dpnrepro.cli import stage, stage_parser
 from dpnrepro.reports.transfer_tables import METRICS, build_transfer_table
 
 
 @stage
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = stage_parser(__doc__)
     ap.add_argument("--table", type=int, choices=sorted(METRICS), required=True)
     written = build_transfer_table(ap.parse_args().table)
     print("wrote " + ", ".join(map(str, written)))

@@ -276,3 +276,59 @@ def test_compile_levers_reach_torch_compile(monkeypatch):
     assert seen == [("loss_of", None), ("__call__", "max-autotune-no-cudagraphs"), ("update", None)]
     with pytest.raises(UserError, match="sdpa_backend"):
         StepLevers(sdpa_backend="fast")
+
+
+def test_the_benchmark_times_the_optimizer_training_uses():
+    """On the CPU too, the contenders step the optimizer the trainer builds (torch's fused AdamW)."""
+    from dpnrepro.benchmarks.contenders import DEFAULT_OPTIM, Contender, photo_batch
+    from dpnrepro.models import build_vit
+    from dpnrepro.training.losses import one_hot_targets
+    from dpnrepro.training.optim import build_optimizer
+
+    model = build_vit("Mu/7", stem="dpn", img_size=28, num_classes=10)
+    timed = Contender(model, "m", photo_batch(2, 28), one_hot_targets(torch.arange(2), 10), optim_cfg=DEFAULT_OPTIM,
+                      grad_clip=1.0, compile_model=False).optimizer
+    trained = build_optimizer(model, DEFAULT_OPTIM)  # as training/trainer.py builds it
+    assert type(timed) is type(trained) and timed.defaults == trained.defaults
+    assert timed.defaults["fused"] is True
+
+
+@pytest.mark.parametrize("script, results, runner, outputs", [
+    ("benchmark.py", "train_throughput", "run_benchmark",
+     ("metrics/benchmarks.json", "reports/benchmarks.md", "metrics/headline/benchmarks.json")),
+    ("bench_input.py", "input_pipeline", "run_input_benchmark",
+     ("metrics/input_pipeline.json", "reports/input_pipeline.md", "metrics/headline/input_pipeline.json")),
+])
+def test_a_benchmark_stage_writes_its_three_files_or_none(tmp_path, monkeypatch, capsys, restore_threads, tiny_result,
+                                                          script, results, runner, outputs):
+    """A write failing at the third file (full disk) leaves the previous three files as they were."""
+    import errno
+    import importlib
+    import shutil
+
+    import dpnrepro.reports.headline
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    for path in outputs:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(f"previous {path}\n")
+    if runner == "run_input_benchmark":
+        from dpnrepro.benchmarks.input_pipeline import run_input_benchmark
+
+        canned = run_input_benchmark(n=2, rounds=6, seed=0, size=32, progress=False)
+    else:
+        canned = tiny_result
+    monkeypatch.setattr(importlib.import_module(f"dpnrepro.benchmarks.{results}"), runner, lambda **_: canned)
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", outputs[2])
+
+    monkeypatch.setattr(dpnrepro.reports.headline, "write_headline", full_disk)
+    monkeypatch.setattr(sys, "argv", [script])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "stages" / script), run_name="__main__")
+    assert exc.value.code == 2 and "no space left on device" in capsys.readouterr().err
+    assert [(tmp_path / p).read_text() for p in outputs] == [f"previous {p}\n" for p in outputs]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        ["params.yaml", *(p.rsplit("/", 1)[1] for p in outputs)]), "no temporary file is left behind"

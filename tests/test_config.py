@@ -355,3 +355,30 @@ def test_lit_train_is_the_train_sections_fields_adam_only_and_two_captions_a_bat
         raw = _raw()
         raw["lit"]["train"][key] = value
         assert _error(tmp_path, raw).endswith(message), key
+
+
+@pytest.mark.parametrize("where", ["top", "sweep"])
+def test_image_size_not_a_multiple_of_the_patch_is_refused(tmp_path, where):
+    """Caught by the schema, naming the key, before a stage reaches timm's patch embedding."""
+    raw = _raw()
+    if where == "top":
+        raw["input"].update(image_size=27, eval_resize=27)
+        raw.pop("vtab")  # its own squash resize (eval_resize 28) would refuse 27 for another reason
+    else:
+        raw["ft384"]["recipe"]["input"].update(image_size=50, eval_resize=53)
+    msg = _error(tmp_path, raw)
+    size, sweep = (27, "table1") if where == "top" else (50, "ft384")
+    assert f"{sweep} (arch Mu-7): input.image_size {size} is not a multiple of the patch size 7 of Mu-7" in msg, msg
+
+
+def test_a_study_image_size_off_the_patch_grid_is_refused(tmp_path):
+    """The study's cells build ViTs too: study/params.yaml is held to the same grid."""
+    from dpnrepro.study.config import PARAMS_FILE, load_study_params
+
+    raw = yaml.safe_load((PARAMS.parent / PARAMS_FILE).read_text())
+    raw["study"]["recipe"]["input"].update(image_size=30, eval_resize=30)  # 30 = 6 x 5: a grid for neither 7 nor 4
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError, match=r"cell \S+-Mu-7-short: input\.image_size 30 is not a multiple of the patch "
+                                          r"size 7 of Mu-7"):
+        load_study_params(path)

@@ -4,7 +4,9 @@ tests/test_faults.py."""
 
 from __future__ import annotations
 
+import errno
 import json
+import re
 import sys
 
 import pytest
@@ -180,3 +182,137 @@ def test_segment_one_run_flags_name_the_valid_values(tmp_path, flags, expect):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and expect in lines[0], proc.stderr
     assert not (project / "checkpoints").exists() and not (project / "runs").exists()
+
+
+@pytest.fixture()
+def saved_split(tmp_path):
+    """A tiny prepared split written by ``datasets``: ``(prepared folder, split folder)``."""
+    import datasets
+
+    datasets.Dataset.from_dict({"label": [0, 1, 2]}).save_to_disk(str(tmp_path / "prepared" / "train"))
+    return tmp_path / "prepared", tmp_path / "prepared" / "train"
+
+
+def _fail_opening(monkeypatch, folder, exc: BaseException) -> None:
+    """``open`` raises ``exc`` for the files in ``folder`` (what datasets reads a split's metadata with)."""
+    import builtins
+
+    real_open = builtins.open
+
+    def faulty_open(file, *args, **kwargs):
+        if str(file).startswith(str(folder)):
+            raise exc
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", faulty_open)
+
+
+@pytest.mark.parametrize("fault", [
+    PermissionError(errno.EACCES, "Permission denied"),
+    OSError(errno.EIO, "Input/output error"),
+    MemoryError(),
+], ids=["EACCES", "EIO", "MemoryError"])
+def test_a_fault_of_the_machine_reading_prepared_data_keeps_its_cause(saved_split, monkeypatch, fault):
+    """Not blamed on the data ("rerun dvc repro prepare"): the fault itself reaches the stage."""
+    from dpnrepro.cli import fault_message
+    from dpnrepro.data.loader import load_split
+
+    prepared, split = saved_split
+    if isinstance(fault, OSError):
+        fault.filename = str(split / "state.json")
+    _fail_opening(monkeypatch, split, fault)
+    with pytest.raises(type(fault)) as caught:
+        load_split(prepared, "train")
+    assert caught.value is fault
+    if isinstance(fault, PermissionError):
+        assert fault_message(caught.value).startswith(f"permission denied: {split / 'state.json'}; ")
+
+
+def test_an_unreadable_prepared_file_is_a_permission_fault(saved_split):
+    """The same, caused for real: a split file the user may not read (modes do not stop root)."""
+    import os
+
+    from dpnrepro.cli import fault_message
+    from dpnrepro.data.loader import load_split
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000")
+    prepared, split = saved_split
+    (split / "state.json").chmod(0)
+    with pytest.raises(PermissionError) as caught:
+        load_split(prepared, "train")
+    assert fault_message(caught.value).startswith("permission denied")
+
+
+def test_a_misplaced_prepared_file_is_damaged_data(saved_split):
+    """A folder where the split's data file belongs is data to rebuild, said in one line."""
+    from dpnrepro.data.loader import load_split
+    from dpnrepro.errors import DatasetError
+
+    prepared, split = saved_split
+    arrow = next(split.glob("*.arrow"))
+    arrow.unlink()
+    arrow.mkdir()
+    with pytest.raises(DatasetError, match=r"prepared split .*train cannot be read .*rerun `dvc repro prepare`"):
+        load_split(prepared, "train")
+
+
+def _run_stage(script: str, *args: str) -> int:
+    """``python stages/<script> <args>`` in this process (the working folder as set); its exit code."""
+    import runpy
+
+    from helpers import REPO
+
+    sys.argv = [script, *args]
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "stages" / script), run_name="__main__")
+    return exc.value.code
+
+
+@pytest.mark.parametrize("cut", [0, 0.5])
+def test_a_damaged_study_cell_is_one_line_naming_it_and_how_to_restore_it(tmp_path, monkeypatch, capsys, cut):
+    import shutil
+
+    from helpers import REPO
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    shutil.copytree(REPO / "metrics/study", tmp_path / "metrics/study")
+    cell = tmp_path / "metrics/study/mnist-Mu-7-short.json"
+    cell.write_text(cell.read_text()[: int(len(cell.read_text()) * cut)])
+    assert _run_stage("study_report.py") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: metrics/study/mnist-Mu-7-short.json is not valid JSON (" + err.split(" (", 1)[1]) and \
+        err.endswith("; restore it with `git checkout -- metrics/study/mnist-Mu-7-short.json` or rerun "
+                     "`dvc repro study/dvc.yaml:study-mnist-Mu-7-short`"), err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_missing_or_damaged_paper_table_names_the_file_and_how_to_restore_it(tmp_path, monkeypatch):
+    from dpnrepro.reports.paper import load_paper_table
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPNREPRO_ROOT", str(tmp_path))
+    table = tmp_path / "reports/paper/table1.yaml"
+    table.parent.mkdir(parents=True)
+    restore = "restore the transcription with `git checkout -- reports/paper/table1.yaml`"
+    with pytest.raises(UserError, match=f"^{re.escape(f'{table} is missing; {restore}')}$"):
+        load_paper_table(1)
+    for damaged, says in [("", "holds nothing, not a mapping"), ("- a list\n", "holds list, not a mapping"),
+                          ("rows:\n  - {arch: B/16, value: '7", "is not valid YAML")]:
+        table.write_text(damaged)
+        with pytest.raises(UserError) as exc:
+            load_paper_table(1)
+        assert str(exc.value).startswith(f"{table} {says}") and str(exc.value).endswith(restore), exc.value
+
+
+def test_study_params_that_are_not_utf8_are_one_params_error(tmp_path):
+    from dpnrepro.errors import ParamsError
+    from dpnrepro.study.config import load_study_params
+
+    path = tmp_path / "params.yaml"
+    path.write_bytes(b"study:\n  threads_per_run: \xff\n")
+    with pytest.raises(ParamsError, match=r"params.yaml is not UTF-8 text .*; restore it with `git checkout -- "
+                                          r"study/params.yaml`"):
+        load_study_params(path)

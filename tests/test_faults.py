@@ -240,3 +240,13 @@ def test_dvc_repro_failure_says_how_to_restore_the_outputs_dvc_removed(project):
     restore = line.split("`git checkout -- ")[1].split("`")[0].split()
     run(["git", "checkout", "--", *restore], project)
     assert (project / "reports/table1.md").read_bytes() == (REPO / "reports/table1.md").read_bytes()
+
+
+def test_an_image_size_off_the_patch_grid_is_one_line_naming_the_key(project):
+    """Refused by the params schema, not by timm's patch embedding after DVC emptied the outputs."""
+    params = one_run_params()
+    params["input"].update(image_size=27, eval_resize=27)
+    write_params(project, params)
+    line = error_line(stage(project, "stages/train.py", *ONE_RUN))
+    assert "table1 (arch Mu-7): input.image_size 27 is not a multiple of the patch size 7 of Mu-7" in line, line
+    assert not (project / "runs").exists() and not (project / "checkpoints").exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dpnrepro.errors import UserError
 from dpnrepro.reports.paper import as_float, load_paper_table, paper_dir, paper_value
 from paper_text import PAPER, source_text
 
@@ -235,13 +236,13 @@ def test_api_errors_and_root_override(tmp_path, monkeypatch):
         paper_value(1, arch="H/14")
     with pytest.raises(KeyError, match="rows match"):
         paper_value(1, arch="B/16")
-    with pytest.raises(FileNotFoundError, match="table99.yaml"):
+    with pytest.raises(UserError, match="table99.yaml is missing"):
         load_paper_table(99)
     assert paper_dir() == REPO_ROOT / "reports" / "paper"
     assert as_float(paper_value(6, variant="Pre", arch="B/32")["value"]) == -2.6
     monkeypatch.setenv("DPNREPRO_ROOT", str(tmp_path))
     assert paper_dir() == tmp_path.resolve() / "reports" / "paper"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(UserError, match="table1.yaml is missing"):
         load_paper_table(1)
 
 

@@ -53,7 +53,7 @@ def test_bad_study_params_are_one_line_errors(tmp_path):
     path.write_text(yaml.safe_dump({"study": raw}))
     with pytest.raises(ParamsError, match="ablations pair with the comparison"):
         load_study_params(path)
-    with pytest.raises(ParamsError, match="does not exist"):
+    with pytest.raises(ParamsError, match="missing.yaml is missing; restore it with `git checkout -- study/params.yaml`"):
         load_study_params(tmp_path / "missing.yaml")
 
 

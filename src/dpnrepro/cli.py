@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import functools
 import os
@@ -201,3 +202,38 @@ def hardware_label(*, measured_on: bool = False) -> str:
     else:
         dev = f"CPU {platform.machine()}, {describe()}"
     return f"{dev}; torch {torch.__version__}"
+
+
+class _StageArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are the project's one line (``error: ...``, exit 2); an argument the
+    stage does not define is named even when a required one is missing too."""
+
+    def parse_args(self, args=None, namespace=None):
+        required = [*self._actions, *self._mutually_exclusive_groups]
+        flags = [item.required for item in required]
+        for item in required:
+            item.required = False
+        try:
+            _, unknown = self.parse_known_args(args, argparse.Namespace())
+        finally:
+            for item, flag in zip(required, flags):
+                item.required = flag
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_args(args, namespace)
+
+    def error(self, message: str):
+        print(f"error: {self.prog}: {message} (`{self.prog} --help` lists its arguments)", file=sys.stderr)
+        sys.exit(2)
+
+
+def stage_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line of a stage, to add its own arguments to: ``--help`` prints ``doc`` (the stage's
+    docstring) and exits 0; an argument it does not define is one ``error:`` line and exit 2, before the
+    stage has done anything."""
+    return _StageArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def stage_arguments(doc: str | None) -> argparse.Namespace:
+    """The command line of a stage that defines no arguments: ``--help`` or a refusal (:func:`stage_parser`)."""
+    return stage_parser(doc).parse_args()

@@ -186,3 +186,30 @@ def atomic_dir(path: str | os.PathLike):
         shutil.rmtree(tmp, ignore_errors=True)
         mark_target(exc, path)
         raise
+
+
+def read_yaml(path: str | os.PathLike, *, fix: str, error: type[Exception] | None = None) -> dict:
+    """A YAML mapping the project keeps (a committed input), read; missing, truncated or malformed (not
+    YAML, not UTF-8, not a mapping): a one-line ``error`` (a :class:`~dpnrepro.errors.UserError` by
+    default) naming the file and ending with ``fix``, how to restore it."""
+    import yaml
+
+    from dpnrepro.errors import UserError
+
+    path = Path(path)
+    error = error or UserError
+    if not path.exists():
+        raise error(f"{path} is missing; {fix}")
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise error(f"{path} is not valid YAML{where} ({getattr(exc, 'problem', None) or exc}; truncated?); "
+                    f"{fix}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {fix}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} holds {'nothing' if data is None else type(data).__name__}, not a mapping "
+                    f"(truncated?); {fix}")
+    return data

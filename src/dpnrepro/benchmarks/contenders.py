@@ -224,9 +224,10 @@ class Contender:
         if levers.channels_last:  # the patch embedding reads NHWC: the patchify permute moves contiguous pixels
             model.to(memory_format=torch.channels_last)
             images = images.contiguous(memory_format=torch.channels_last)
-        # the trainer's step (training/trainer.py): uint8 batch scaled on the device, LossStep, fused optimizer;
-        # a compiled optimizer is compiled from the for-each path (inductor fuses it with the clipping)
-        fused = fused_optimizer and device.type == "cuda" and not (compile_model and levers.compiled_optimizer)
+        # the trainer's step (training/trainer.py): uint8 batch scaled on the device, LossStep, and its optimizer
+        # (build_optimizer: fused on every device); a compiled optimizer is compiled from the for-each path
+        # (inductor fuses it with the clipping)
+        fused = fused_optimizer and not (compile_model and levers.compiled_optimizer)
         optimizer = build_optimizer(model, optim_cfg, fused=fused)
         params = [p for p in model.parameters() if p.requires_grad]
         own_mode = compile_model and levers.compile_mode != "default"

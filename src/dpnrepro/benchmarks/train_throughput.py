@@ -6,8 +6,8 @@ trainer's own step (``dpnrepro.training.step``) for every model:
     uint8 → [-1, 1] on the device → forward (bf16 autocast on CUDA, fp32 on CPU) → sigmoid cross-entropy
     (``dpnrepro.training.losses``) → backward → global-norm clip (``grad_clip``, 0 = off) → optimizer step
     (``dpnrepro.training.optim.build_optimizer``: the project's Adam with decoupled weight decay; fused on
-    CUDA unless ``fused_optimizer=False``). ``compile`` compiles forward + loss (and so the backward) as
-    one graph; ``cudagraphs`` replays them as CUDA graphs.
+    every device, as in training, unless ``fused_optimizer=False``). ``compile`` compiles forward + loss
+    (and so the backward) as one graph; ``cudagraphs`` replays them as CUDA graphs.
 
 Per arch, every model (stems + timm's stock ViT) is built and given ``warmup_steps`` untimed steps
 (they include torch.compile's compilation; peak memory is measured over build + warm-up), then the
@@ -364,7 +364,7 @@ def run_benchmark(
                       "order statistics (distribution-free, exact binomial coverage)"),
         "compile": bool(compile),
         "cudagraphs": bool(compile and cudagraphs and dev.type == "cuda"),
-        "fused_optimizer": bool(fused_optimizer and dev.type == "cuda"),
+        "fused_optimizer": bool(fused_optimizer),
         "input": "uint8 batch of real photos (benchmarks/input_pipeline.py), scaled to [-1, 1] on the device each step",
         "recompiled_during_timing": recompiled if compile else None,
         "cudnn_benchmark": dev.type == "cuda",

@@ -202,6 +202,17 @@ def arch_name(arch: str) -> str:
     return arch.replace("-", "/")
 
 
+def check_patch_grid(arch: str, image_size: int) -> None:
+    """A ViT cuts its input into whole patches: ``input.image_size`` must be a multiple of the patch size
+    (ValueError naming the key otherwise)."""
+    from dpnrepro.models import parse_arch
+
+    patch = parse_arch(arch_name(arch))[1]
+    if image_size % patch:
+        raise ValueError(f"input.image_size {image_size} is not a multiple of the patch size {patch} of {arch}; "
+                         f"use e.g. {max(patch, image_size // patch * patch)}")
+
+
 def parse_arch_checked(arch: str, why: str = "") -> str:
     """``arch`` when it names a registered size, spelt DVC-safe ('B-16'); else ValueError (with ``why``
     '/' is refused, when given)."""

@@ -21,7 +21,8 @@ from typing import Any, Literal, NamedTuple
 import yaml
 from pydantic import Field, ValidationError, create_model, model_validator
 
-from dpnrepro.config.core import DataParams, ExportParams, InputParams, ModelParams, TrainParams, _describe, _Section
+from dpnrepro.config.core import (DataParams, ExportParams, InputParams, ModelParams, TrainParams, _describe, _Section,
+                                  check_patch_grid)
 from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.config.sweeps import EVALUATORS, SWEEPS, SweepParams, sweep_config
 from dpnrepro.errors import ParamsError
@@ -94,6 +95,7 @@ class _CoreParams(_Section):
                 try:
                     cfg = sweep_config(self, name, arch, variant)
                     cfg.runtime.check_batch(cfg.train.batch_size)
+                    check_patch_grid(arch, cfg.input.image_size)
                 except ValidationError as exc:
                     raise ValueError(f"{name} (arch {arch}): {_describe(exc)}") from None
                 except ValueError as exc:

@@ -7,6 +7,7 @@ ImageNet evaluation), or with ``input.squash`` the whole frame resized to ``S x 
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 
@@ -78,6 +79,22 @@ def build_transform(cfg: dict, train: bool, uint8: bool = False):
     return v2.Compose(ops + erase)
 
 
+_MISSING_OR_MISPLACED = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
+
+
+def damaged_data(exc: BaseException) -> bool:
+    """True when reading prepared data failed because the data are incomplete or damaged (a file missing or
+    misplaced, truncated or malformed contents: pyarrow and datasets raise many types for these), not
+    because of the machine (an OSError with another errno: permission, disk, I/O; MemoryError)."""
+    from dpnrepro.cli import fault_errno
+
+    if isinstance(exc, MemoryError) or fault_errno(exc) is not None:
+        return False
+    if isinstance(exc, OSError):
+        return exc.errno in _MISSING_OR_MISPLACED or exc.errno is None
+    return True
+
+
 def load_split(prepared_dir: str | Path, split: str):
     """The prepared ``datasets.Dataset`` of one split (a :class:`~dpnrepro.data.source_index.SourceSplit`
     reading from the source folder with ``data.storage: source``)."""
@@ -88,9 +105,11 @@ def load_split(prepared_dir: str | Path, split: str):
         raise DatasetError(f"prepared split {path} does not exist; run `dvc repro prepare` first")
     try:
         ds = datasets.load_from_disk(str(path))
-    except Exception as exc:  # pyarrow and datasets raise many types for a damaged split
+    except Exception as exc:
+        if not damaged_data(exc):
+            raise  # a fault of the machine (permission, disk, memory): the stage names it (cli.fault_message)
         raise DatasetError(f"prepared split {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); rerun "
-                           "`dvc repro prepare` or restore it with `dvc checkout prepare`") from None
+                           "`dvc repro prepare` or restore it with `dvc checkout prepare`") from exc
     if "image" in ds.column_names or "path" not in ds.column_names:
         return ds
     from dpnrepro.data.prepare import load_manifest  # data.storage: source, an index of the source's files

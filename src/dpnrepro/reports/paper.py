@@ -10,9 +10,8 @@ import copy
 import os
 from pathlib import Path
 
-import yaml
+from dpnrepro.io import read_yaml
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _CACHE: dict[tuple, dict] = {}  # (path, mtime_ns, size) -> parsed YAML
 
 
@@ -29,14 +28,22 @@ def paper_dir() -> Path:
 def load_paper_table(n: int) -> dict:
     """Load and return the parsed YAML of paper Table ``n`` (1-7)."""
     path = paper_dir() / f"table{int(n)}.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"paper table {n} not found: {path}")
-    st = path.stat()
-    key = (str(path), st.st_mtime_ns, st.st_size)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None  # read_yaml says how to restore it
+    key = (str(path), st.st_mtime_ns, st.st_size) if st else None
     if key not in _CACHE:
-        with path.open(encoding="utf-8") as fh:
-            _CACHE[key] = yaml.load(fh, Loader=_Loader)
+        _CACHE[key] = read_yaml(path, fix=f"restore the transcription with `git checkout -- {_shown(path)}`")
     return copy.deepcopy(_CACHE[key])
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it lies below it (the form ``git checkout`` takes there)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def paper_value(n: int, **match) -> dict:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dpnrepro.config.core import DataParams, InputParams, ModelParams, TrainParams, parse_arch_checked
+from dpnrepro.config.core import (DataParams, InputParams, ModelParams, TrainParams, check_patch_grid,
+                                  parse_arch_checked)
 from dpnrepro.errors import ParamsError
+from dpnrepro.io import read_yaml
 
 PARAMS_FILE = Path("study/params.yaml")
 
@@ -114,11 +115,16 @@ class StudyParams(_Section):
         """The validated recipe of the cell's runs: recipe + the dataset's input deltas + the schedule."""
         ds, sched = self.datasets[cell.dataset], self.schedules[cell.schedule]
         try:
-            return (InputParams.model_validate({**self.recipe.input, **ds.input}),
-                    ModelParams.model_validate(self.recipe.model),
-                    TrainParams.model_validate({**self.recipe.train, **sched.model_dump()}))
+            recipe = (InputParams.model_validate({**self.recipe.input, **ds.input}),
+                      ModelParams.model_validate(self.recipe.model),
+                      TrainParams.model_validate({**self.recipe.train, **sched.model_dump()}))
         except ValidationError as exc:
             raise ValueError(f"cell {cell.name}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        try:
+            check_patch_grid(cell.arch, recipe[0].image_size)
+        except ValueError as exc:
+            raise ValueError(f"cell {cell.name}: {exc}") from None
+        return recipe
 
     def tracked_keys(self, cell: Cell) -> list[str]:
         """The params a cell's results depend on (its DVC stage's `params`)."""
@@ -141,13 +147,8 @@ class Cell(NamedTuple):
 
 def load_study_params(path: str | Path = PARAMS_FILE) -> StudyParams:
     path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict) or "study" not in raw:
+    raw = read_yaml(path, fix=f"restore it with `git checkout -- {PARAMS_FILE}`", error=ParamsError)
+    if "study" not in raw:
         raise ParamsError(f"{path} must hold a `study` section")
     try:
         return StudyParams.model_validate(raw["study"])

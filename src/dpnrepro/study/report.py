@@ -8,11 +8,11 @@ data order), tested and given its verdict by :func:`dpnrepro.stats.paired_by_see
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dpnrepro.config.core import arch_name
 from dpnrepro.errors import UserError
+from dpnrepro.io import read_json
 from dpnrepro.models import parse_arch
 from dpnrepro.reports import headline
 from dpnrepro.reports.ablations import TABLE6_STEMS
@@ -22,6 +22,7 @@ from dpnrepro.study.probe import METRICS_NAME as PROBE_METRICS
 
 TREATED, CONTROL = "dpn", "conv"
 CELLS_DIR = "study"
+_RESTORE_CELL = "restore it with `git checkout -- {path}` or rerun `dvc repro study/dvc.yaml:study-{cell}`"
 
 
 def load_cells(metrics_dir: Path) -> list[dict]:
@@ -29,7 +30,7 @@ def load_cells(metrics_dir: Path) -> list[dict]:
     paths = sorted((metrics_dir / CELLS_DIR).glob("*.json"))
     if not paths:
         raise UserError(f"no study metrics in {metrics_dir / CELLS_DIR}; run `dvc repro study/dvc.yaml` first")
-    cells = [json.loads(p.read_text()) for p in paths]
+    cells = [read_json(p, fix=_RESTORE_CELL.format(path=p, cell=p.stem)) for p in paths]
     return sorted(cells, key=lambda c: (c["dataset"], -_patch(c["arch"]), c["steps"], c["kind"]))
 
 
@@ -258,6 +259,7 @@ def build_study_report(metrics_dir: str | Path = "metrics", reports_dir: str | P
     cells = load_cells(metrics_dir)
     summary = summarize(cells)
     probe_file = metrics_dir / PROBE_METRICS
-    probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
+    probe = read_json(probe_file, fix=f"restore it with `git checkout -- {probe_file}` or rerun "
+                      "`dvc repro study/dvc.yaml:study_probe`") if probe_file.exists() else None
     return write_report("study", render_markdown(cells, summary, probe), lambda png: render_figure(summary, png), summary,
                         headline=headline.study(summary), metrics_dir=metrics_dir, reports_dir=reports_dir)
