@@ -234,8 +234,11 @@ def test_restore_hint_under_a_real_dvc_repro_names_the_paths_a_sub_folder_stage_
     (root / "raw.txt").unlink()
     assert dvc_graph.status(["sub/dvc.yaml"], root) == {"sub/dvc.yaml:make": [{"changed deps": {"raw.txt": "deleted"}}]}
     assert set(dvc_graph.status([], root)) == {"raw", "sub/dvc.yaml:make"}
-    assert dvc_graph.reproduce(["sub/dvc.yaml"], root) == ["raw"]  # the same raw.txt again: make is up to date
-    assert dvc_graph.reproduce(["sub/dvc.yaml:make"], root, force=True, single_item=True) == ["sub/dvc.yaml:make"]
+    assert list(dvc_graph.reproduce(["sub/dvc.yaml"], root)) == ["raw"]  # the same raw.txt again: make is up to date
+    times = tmp_path / "times.json"
+    ran = dvc_graph.reproduce(["sub/dvc.yaml:make"], root, record=times, force=True, single_item=True)
+    assert list(ran) == ["sub/dvc.yaml:make"] and ran["sub/dvc.yaml:make"] > 0
+    assert json.loads(times.read_text()) == ran
     assert dvc_graph.status([], root) == {}
 
 

@@ -15,8 +15,12 @@ Reading (outputs, upstream stages) takes no repository lock, so a stage can ask 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
+import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,18 +99,40 @@ def upstream_stages(names: Sequence[str], root: Path | str = ".") -> list[str]:
         return order
 
 
-def reproduce(targets: Sequence[str] = (), root: Path | str = ".", **options) -> list[str]:
-    """``Repo.reproduce(targets, **options)`` (``force``, ``single_item``, ``dry``, ...): the addresses of the
-    stages it ran, in order. A stage that fails is a UserError naming it."""
+def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path | None = None,
+              **options) -> dict[str, float]:
+    """``Repo.reproduce(targets, **options)`` (``force``, ``single_item``, ``dry``, ...): the stages it ran, in
+    order, each address with its wall time in seconds. With ``record``, that mapping is also written there
+    (JSON) as each stage starts (``null``) and ends, so a run stopped midway still tells which stages it
+    started. A failing stage is a UserError naming it."""
     from dvc.exceptions import DvcException
+    from dvc.repo.reproduce import _reproduce_stage
+
+    from dpnrepro.io import write_json_atomic
+
+    ran: dict[str, float | None] = {}
+
+    def timed(stage, **kwargs):
+        name = address(stage, repo.root_dir)
+        ran[name], started = None, time.perf_counter()
+        if record:
+            write_json_atomic(record, ran)
+        result = _reproduce_stage(stage, **kwargs)
+        if result is None:
+            del ran[name]  # up to date: skipped
+        else:
+            ran[name] = round(time.perf_counter() - started, 1)
+        if record:
+            write_json_atomic(record, ran)
+        return result
 
     with open_repo(root) as repo:
         try:
-            ran = repo.reproduce(list(targets) or None, **options)
+            repo.reproduce(list(targets) or None, repro_fn=timed, **options)
         except DvcException as exc:
             cause = f": {exc.__cause__}" if exc.__cause__ else ""
             raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}".replace("\n", " ")) from None
-        return [address(stage, repo.root_dir) for stage in ran]
+    return ran
 
 
 def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, list]:
@@ -114,3 +140,37 @@ def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, lis
     as ``dvc status --json`` lists them; empty when everything is up to date."""
     with open_repo(root) as repo:
         return dict(repo.status(list(targets) or None))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``repro`` as ``dvc repro`` (DVC's own log on the terminal), the stages it ran and their seconds written as
+    JSON (``--times``); ``status``: the stale stages as JSON on stdout."""
+    ap = argparse.ArgumentParser(prog="python -m dpnrepro.dvc_graph", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("repro", help="dvc repro TARGETS; --times FILE: the stages run and their seconds (JSON)")
+    r.add_argument("targets", nargs="*")
+    r.add_argument("--times", type=Path, help="JSON file: each stage run, its seconds (null while it runs)")
+    r.add_argument("-f", "--force", action="store_true")
+    r.add_argument("-s", "--single-item", action="store_true")
+    st = sub.add_parser("status", help="the stale stages of TARGETS and what changed, as JSON")
+    st.add_argument("targets", nargs="*")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "repro":
+            from dvc.logger import setup
+
+            setup()
+            reproduce(args.targets, record=args.times, force=args.force, single_item=args.single_item)
+        else:
+            print(json.dumps(status(args.targets), indent=1))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted; rerun to go on from the last completed stage", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()
