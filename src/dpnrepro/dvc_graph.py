@@ -126,6 +126,8 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
             write_json_atomic(record, ran)
         return result
 
+    if record:
+        write_json_atomic(record, ran)
     with open_repo(root) as repo:
         try:
             repo.reproduce(list(targets) or None, repro_fn=timed, **options)
