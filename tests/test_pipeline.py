@@ -123,9 +123,9 @@ def test_param_change_shows_in_params_and_metrics_diff(smoke_repro):
     root, _, _ = smoke_repro
     run([*GIT, "add", "-A"], root)
     run([*GIT, "commit", "-qm", "repro"], root)
-    seeds = yaml.safe_load((root / "params.yaml").read_text())["splus"]["seeds"]
-    # Dropping a seed retrains nothing: the train stage restores each remaining run from its checkpoint.
     params = yaml.safe_load((root / "params.yaml").read_text())
+    seeds = params["splus"]["seeds"]
+    # Dropping a seed retrains nothing: the train stage restores each remaining run from its checkpoint.
     params["splus"]["seeds"] = seeds[:-1]
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     times = root / ".dvc/tmp/seed_dropped.json"
@@ -134,7 +134,7 @@ def test_param_change_shows_in_params_and_metrics_diff(smoke_repro):
     ran = json.loads(times.read_text())
     assert "evaluate-table1" in ran and "train-table1" not in ran, ran
     assert "resuming from checkpoints/splus/" in log and "at step 100/100" in log, log[-3000:]
-    pdiff = run(["dvc", "params", "diff"], root).stdout
-    assert "splus.seeds" in pdiff
-    mdiff = run(["dvc", "metrics", "diff", "--all"], root).stdout
-    assert "metrics/headline/table1.json" in mdiff and "splus.Mu/7.dpn-conv.mean" in mdiff
+    pdiff = json.loads(run(["dvc", "params", "diff", "--json"], root).stdout)
+    assert pdiff["params.yaml"]["splus.seeds"]["new"] == seeds[:-1], pdiff
+    mdiff = json.loads(run(["dvc", "metrics", "diff", "--all", "--json"], root).stdout)
+    assert "splus.Mu/7.dpn-conv.mean" in mdiff["metrics/headline/table1.json"], mdiff
