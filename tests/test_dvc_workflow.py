@@ -243,3 +243,10 @@ def test_restore_hint_under_a_real_dvc_repro_names_the_paths_a_sub_folder_stage_
 def test_the_pipeline_helper_imports_without_dvc():
     out = run([sys.executable, "-c", "import sys, dpnrepro.dvc_graph; print('dvc' in sys.modules)"], REPO).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("command", ["status", "repro"])
+def test_the_pipeline_helper_refuses_an_unknown_stage_in_one_line(command):
+    proc = run([sys.executable, "-m", "dpnrepro.dvc_graph", command, "no_such_stage"], REPO, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no_such_stage" in proc.stderr

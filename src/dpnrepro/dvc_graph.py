@@ -140,8 +140,13 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
 def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, list]:
     """``Repo.status(targets)``: each stale stage's address and what changed (deps, outs, command, params),
     as ``dvc status --json`` lists them; empty when everything is up to date."""
+    from dvc.exceptions import DvcException
+
     with open_repo(root) as repo:
-        return dict(repo.status(list(targets) or None))
+        try:
+            return dict(repo.status(list(targets) or None))
+        except DvcException as exc:
+            raise UserError(f"dvc status {' '.join(targets)}: {exc}".replace("\n", " ")) from None
 
 
 def main(argv: list[str] | None = None) -> None:
