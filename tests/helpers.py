@@ -86,6 +86,19 @@ def run(cmd: list[str], cwd: Path, check: bool = True, no_thread_pin: bool = Fal
     return proc
 
 
+def dvc_repro(project: Path, *args: str, no_thread_pin: bool = False) -> dict[str, float]:
+    """``dvc repro ARGS`` in ``project`` through DVC's API (``python -m dpnrepro.dvc_graph repro``, run as
+    :func:`run` runs a command): the stages it ran, each with its seconds."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dvc_repro_") as tmp:
+        times = Path(tmp) / "times.json"
+        run([sys.executable, "-m", "dpnrepro.dvc_graph", "repro", "--times", str(times), *args], project,
+            no_thread_pin=no_thread_pin)
+        return json.loads(times.read_text())
+
+
 def git_init(project: Path) -> None:
     run(["git", "init", "-q"], project)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A"], project)

@@ -1,14 +1,16 @@
-"""Carried DVC outputs (src/dpnrepro/dvc_pack.py), checked on the CPU.
+"""Carried DVC outputs (tools/dvc_pack.py), checked on the CPU.
 
 The round trip: a project with tiny params runs `dvc repro table6` and packs its training and evaluation
 outputs as one file through `dvc push` to a local remote; a clone of the same revision unpacks it,
 `dvc pull`s, and `dvc repro table6` regenerates the report byte-identical without training a step (prepare
-reruns from the raw data and gives the same hash). A working tree whose training code differs is refused
-before a training or report stage runs; a checkout of another revision is refused before anything changes.
+reruns from the raw data and gives the same hash). A pack whose training code differs from the checkout's is
+refused before a training or report stage runs; a checkout of another revision, or one with local edits, is
+refused before anything changes.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,11 +19,14 @@ import yaml
 
 from helpers import REPO, copy_project, git_init, run, tiny_params, write_params
 
-from dpnrepro.dvc_pack import upstream_stages
+from dpnrepro import dvc_graph
+from dpnrepro.dvc_graph import upstream_stages
 
 STAGES = ["train-table6", "evaluate-table6"]
 REPORT = ["reports/table6.md", "reports/table6.png", "metrics/table6_summary.json", "metrics/headline/table6.json"]
 PIPELINE = ("dvc.yaml", "params.yaml", "dvc.lock")
+DVC_PACK = [sys.executable, str(REPO / "tools/dvc_pack.py")]
+GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
 
 def _dvc_project(root: Path, stages: dict) -> Path:
@@ -44,16 +49,16 @@ def test_upstream_stages_follow_a_dependency_inside_another_stages_output(tmp_pa
         "report": {"cmd": "echo", "deps": ["model.txt"], "outs": ["report.md"]},
         "other": {"cmd": "echo", "outs": ["other.txt"]},
     })
-    assert upstream_stages(root, ["train"]) == ["raw", "prepare"]
-    assert upstream_stages(root, ["report"]) == ["raw", "prepare", "train"]
+    assert upstream_stages(["train"], root) == ["raw", "prepare"]
+    assert upstream_stages(["report"], root) == ["raw", "prepare", "train"]
 
 
 def test_upstream_stages_of_the_pipelines_jft_training_include_prepare():
-    assert upstream_stages(REPO, ["train-jft_220k"]) == ["export_imagefolder", "prepare"]
+    assert upstream_stages(["train-jft_220k"], REPO) == ["export_imagefolder", "prepare"]
 
 
 def _pack(project: Path, out: Path, stages: list[str], *extra: str) -> None:
-    run([sys.executable, "-m", "dpnrepro.dvc_pack", "pack", str(out), "--stages", *stages, *extra], project)
+    run([*DVC_PACK, "pack", str(out), "--stages", *stages, *extra], project)
 
 
 def test_unpack_into_a_checkout_of_another_revision_is_refused_and_changes_nothing(tmp_path):
@@ -64,18 +69,42 @@ def test_unpack_into_a_checkout_of_another_revision_is_refused_and_changes_nothi
     other = tmp_path / "other"
     run(["git", "clone", "-q", str(made), str(other)], tmp_path)
     (other / "params.yaml").write_text("x: 2\n")
-    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "another revision"], other)
+    run([*GIT, "commit", "-qam", "another revision"], other)
     before = {name: (other / name).read_bytes() if (other / name).exists() else None for name in PIPELINE}
-    refused = run([sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out)], other, check=False)
+    refused = run([*DVC_PACK, "unpack", str(out)], other, check=False)
     assert refused.returncode == 2, refused
     assert len(refused.stderr.strip().splitlines()) == 1 and "packed at revision" in refused.stderr, refused.stderr
     assert {name: (other / name).read_bytes() if (other / name).exists() else None for name in PIPELINE} == before
     assert not (other / "out.txt").exists() and not (other / ".dvc/config.local").exists()
 
     run(["git", "checkout", "-q", "HEAD~1"], other)  # the packed revision: unpacked
-    run([sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out)], other)
+    run([*DVC_PACK, "unpack", str(out)], other)
     assert (other / "out.txt").read_text() == "made\n"
     assert (other / "dvc.lock").read_bytes() == (made / "dvc.lock").read_bytes()
+
+
+@pytest.mark.parametrize("edit", ["params.yaml", "dvc.lock", "staged"])
+def test_unpack_into_a_checkout_with_local_edits_at_the_same_revision_is_refused_and_changes_nothing(tmp_path, edit):
+    """The pack's pipeline files would replace the edits: refused in one line, exit 2, nothing written."""
+    made = _dvc_project(tmp_path / "made", {"make": {"cmd": "echo made > out.txt", "outs": ["out.txt"]}})
+    run(["dvc", "repro"], made)
+    run([*GIT, "add", "-A"], made)
+    run([*GIT, "commit", "-qm", "made"], made)  # dvc.lock committed: each edit below is to a tracked file
+    out = tmp_path / "pack.tar.gz"
+    _pack(made, out, ["make"])
+    other = tmp_path / "other"
+    run(["git", "clone", "-q", str(made), str(other)], tmp_path)
+    (other / ("params.yaml" if edit == "staged" else edit)).write_text("x: 2\n")
+    if edit == "staged":
+        run(["git", "add", "params.yaml"], other)
+    before = {name: (other / name).read_bytes() for name in PIPELINE}
+    refused = run([*DVC_PACK, "unpack", str(out)], other, check=False)
+    assert refused.returncode == 2, refused
+    line = "params.yaml" if edit == "staged" else edit
+    assert len(refused.stderr.strip().splitlines()) == 1 and f"has local changes to {line}" in refused.stderr, \
+        refused.stderr
+    assert {name: (other / name).read_bytes() for name in PIPELINE} == before
+    assert not (other / "out.txt").exists() and not (other / ".dvc/config.local").exists()
 
 
 def _tiny_project(root: Path) -> Path:
@@ -91,40 +120,47 @@ def _tiny_project(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training(tmp_path):
-    """First with other training code in the working tree (refused once the data stages ran: `dvc repro`
-    would train again), then as committed: pulled, `dvc status` names no stage, the report regenerated
+    """First a pack whose dvc.lock records other training code than the commit's (edited, then `dvc commit`):
+    refused once the data stages ran, as `dvc repro` would train again. Then, in the checkout made clean again,
+    the pack of the committed code: pulled, DVC's status names no stage, the report regenerated
     byte-identical, no train or evaluate stage run."""
     made = _tiny_project(tmp_path / "made")
-    assert "Running stage 'train-table6'" in run(["dvc", "repro", "table6"], made).stdout
+    run(["dvc", "repro", "table6"], made)
+    assert dvc_graph.status(["table6"], made) == {}
+    lock = (made / "dvc.lock").read_text()
     out = tmp_path / "out" / "gpu_artifacts.tar.gz"
     _pack(made, out, STAGES, "--compare", *REPORT)
     assert out.is_file() and "cache" not in (made / ".dvc/config.local").read_text()  # one file; the remote only
+    train_py = made / "stages/train.py"
+    train_py.write_text(train_py.read_text() + "# another training code\n")
+    run(["dvc", "commit", "-f", "train-table6"], made)  # its lock now records that code, nothing retrained
+    other_code = tmp_path / "out" / "other_code.tar.gz"
+    _pack(made, other_code, STAGES, "--compare", *REPORT)
 
     cpu = tmp_path / "cpu"
     run(["git", "clone", "-q", str(made), str(cpu)], tmp_path)  # the same revision, no outputs, no cache
     assert not (cpu / "runs").exists() and not (cpu / ".dvc/cache").exists()
-    train_py = (cpu / "stages/train.py").read_text()
-    (cpu / "stages/train.py").write_text(train_py + "# another training code\n")
-    unpack = [sys.executable, "-m", "dpnrepro.dvc_pack", "unpack", str(out), "--repro", "table6"]
-    refused = run(unpack, cpu, check=False)
+    refused = run([*DVC_PACK, "unpack", str(other_code), "--repro", "table6"], cpu, check=False)
     assert refused.returncode == 2
     assert "would rerun the GPU-made stage(s) ['train-table6'" in refused.stderr, refused.stderr
     assert not (cpu / "reports/table6.md").exists() or \
         (cpu / "reports/table6.md").read_bytes() != (made / "reports/table6.md").read_bytes()  # not regenerated
 
-    (cpu / "stages/train.py").write_text(train_py)
-    log = run(unpack, cpu).stdout
+    run(["git", "checkout", "--", "."], cpu)  # the refused pack's pipeline files out: a clean checkout again
+    log = run([*DVC_PACK, "unpack", str(out), "--repro", "table6"], cpu).stdout
     assert "dvc repro ran ['table6']" in log, log  # prepare's outputs (remade from the raw data above) match
     assert f"{len(REPORT)} file(s) byte-identical" in log, log
     for rel in REPORT:
         assert (cpu / rel).read_bytes() == (made / rel).read_bytes(), rel
-    assert (cpu / "dvc.lock").read_text() == (made / "dvc.lock").read_text()
-    assert "up to date" in run(["dvc", "status", "table6"], cpu).stdout
-    again = run(["dvc", "repro", "table6"], cpu).stdout
-    assert "Running stage" not in again, again
+    assert (cpu / "dvc.lock").read_text() == lock
+    assert dvc_graph.status(["table6"], cpu) == {}
+    times = tmp_path / "times.json"
+    repro = [sys.executable, "-m", "dpnrepro.dvc_graph", "repro", "--times", str(times)]
+    run([*repro, "table6"], cpu)
+    assert json.loads(times.read_text()) == {}  # nothing to run
     for rel in REPORT:  # the report alone, remade from the pulled outputs: the same bytes
         (cpu / rel).unlink()
-    again = run(["dvc", "repro", "--force", "--single-item", "table6"], cpu).stdout
-    assert "Running stage 'table6'" in again and "train-" not in again, again
+    run([*repro, "--force", "--single-item", "table6"], cpu)
+    assert list(json.loads(times.read_text())) == ["table6"]
     for rel in REPORT:
         assert (cpu / rel).read_bytes() == (made / rel).read_bytes(), rel

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 import yaml
@@ -117,16 +118,14 @@ def test_metrics_diff_between_two_commits_reads_as_a_table(headline_repo, tmp_pa
 
     md = run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--md"], root).stdout
     print(md)
-    lines = [line for line in md.splitlines() if line.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == ["Path", "Metric", "HEAD~1", "HEAD", "Change"], header
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    assert {r[0] for r in rows} == {"metrics/headline/table1.json"}
-    changed = {r[1]: r for r in rows}
+    assert md.lstrip().startswith("| Path ") and md.count("\n") <= 10, md  # what the user reads: a short table
+    diff = json.loads(run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--json"], root).stdout)
+    assert set(diff) == {"metrics/headline/table1.json"}, diff
+    changed = diff["metrics/headline/table1.json"]
     assert set(changed) <= {"table1.Mu/7.dpn", "table1.Mu/7.dpn-conv.mean", "table1.Mu/7.dpn-conv.ci95",
                             "table1.Mu/7.dpn-conv.verdict"}, sorted(changed)
-    assert float(changed["table1.Mu/7.dpn"][4]) == pytest.approx(0.5)  # mean over 2 seeds
-    assert float(changed["table1.Mu/7.dpn-conv.mean"][4]) == pytest.approx(0.5)
+    assert changed["table1.Mu/7.dpn"]["diff"] == pytest.approx(0.5)  # mean over 2 seeds
+    assert changed["table1.Mu/7.dpn-conv.mean"]["diff"] == pytest.approx(0.5)
     everything = run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--all", "--json"], root).stdout
     assert _leaves(json.loads(everything)) <= 3 * MAX_METRIC_VALUES  # old / new / diff per value
 
@@ -189,3 +188,67 @@ def test_lock_comparison_names_every_output_that_differs():
     assert differing_outputs(committed, committed) == []
     real = yaml.safe_load((REPO / "dvc.lock").read_text())
     assert differing_outputs(real, real) == [] and len(differing_outputs({"stages": {}}, real)) > 40
+
+
+def _sub_folder_project(root):
+    """A DVC project whose ``sub/dvc.yaml`` runs from the root (``wdir: ..``, as study/ and benchmarks/ do):
+    ``sub/dvc.yaml:make`` writes a cached folder, an uncached metric and a persist file, and reads the root
+    stage ``raw``'s output; its command prints the restore hint it would give into ``hint.txt``."""
+    root.mkdir()
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"raw": {"cmd": "echo raw > raw.txt", "outs": ["raw.txt"]}}}))
+    hint = ("from pathlib import Path; from dpnrepro.cli import restore_hint; "
+            "Path('out').mkdir(); Path('out/a').write_text('a'); Path('metrics').mkdir(exist_ok=True); "
+            "Path('metrics/m.json').write_text('{}'); Path('hint.txt').write_text(restore_hint())")
+    (root / "sub").mkdir()
+    (root / "sub/dvc.yaml").write_text(yaml.safe_dump({"stages": {"make": {
+        "cmd": f"{sys.executable} -c \"{hint}\"", "wdir": "..", "deps": ["raw.txt"],
+        "outs": ["out", {"hint.txt": {"persist": True, "cache": False}}],
+        "metrics": [{"metrics/m.json": {"cache": False}}]}}}))
+    git_init(root)
+    run(["dvc", "init", "-q"], root)
+    return root
+
+
+def test_stage_outputs_of_a_sub_folder_stage_resolve_wdir_and_keep_dvc_s_flags(tmp_path):
+    from dpnrepro.dvc_graph import Output, stage_outputs, upstream_stages
+
+    root = _sub_folder_project(tmp_path / "p")
+    assert stage_outputs("sub/dvc.yaml:make", root) == [
+        Output("out", cache=True, persist=False, metric=False, plot=False),
+        Output("hint.txt", cache=False, persist=True, metric=False, plot=False),
+        Output("metrics/m.json", cache=False, persist=False, metric=True, plot=False)]
+    assert upstream_stages(["sub/dvc.yaml:make"], root) == ["raw"]
+
+
+def test_restore_hint_under_a_real_dvc_repro_names_the_paths_a_sub_folder_stage_writes(tmp_path):
+    """The hint is computed inside the stage while `dvc repro` holds the repository's lock (no deadlock, no
+    lock error), and names the root-relative paths: `git checkout -- metrics/m.json`, not `sub/metrics/...`."""
+    from dpnrepro import dvc_graph
+
+    root = _sub_folder_project(tmp_path / "p")
+    run(["dvc", "repro", "sub/dvc.yaml"], root, timeout=300)
+    assert (root / "hint.txt").read_text() == (
+        " (dvc removed this stage's previous outputs before running it; `dvc checkout sub/dvc.yaml:make` and "
+        "`git checkout -- metrics/m.json` restores them)")
+    assert dvc_graph.status([], root) == {}
+    (root / "raw.txt").unlink()
+    assert dvc_graph.status(["sub/dvc.yaml"], root) == {"sub/dvc.yaml:make": [{"changed deps": {"raw.txt": "deleted"}}]}
+    assert set(dvc_graph.status([], root)) == {"raw", "sub/dvc.yaml:make"}
+    assert list(dvc_graph.reproduce(["sub/dvc.yaml"], root)) == ["raw"]  # the same raw.txt again: make is up to date
+    times = tmp_path / "times.json"
+    ran = dvc_graph.reproduce(["sub/dvc.yaml:make"], root, record=times, force=True, single_item=True)
+    assert list(ran) == ["sub/dvc.yaml:make"] and ran["sub/dvc.yaml:make"] > 0
+    assert json.loads(times.read_text()) == ran
+    assert dvc_graph.status([], root) == {}
+
+
+def test_the_pipeline_helper_imports_without_dvc():
+    out = run([sys.executable, "-c", "import sys, dpnrepro.dvc_graph; print('dvc' in sys.modules)"], REPO).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("command", ["status", "repro"])
+def test_the_pipeline_helper_refuses_an_unknown_stage_in_one_line(command):
+    proc = run([sys.executable, "-m", "dpnrepro.dvc_graph", command, "no_such_stage"], REPO, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no_such_stage" in proc.stderr

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -134,7 +134,9 @@ def _repro_until_done(root, probe, attempts: int = 6) -> tuple[list[str], list[s
     logs, killed, trained = [], [], {}
     for attempt in range(attempts):
         trace.write_text("")
-        proc = subprocess.run(["dvc", "repro", *TARGETS], cwd=root, env=env, capture_output=True, text=True,
+        times = probe / f"stages_{attempt}.json"  # each stage started, its seconds once done
+        proc = subprocess.run([sys.executable, "-m", "dpnrepro.dvc_graph", "repro", "--times", str(times), *TARGETS],
+                              cwd=root, env=env, capture_output=True, text=True,
                               start_new_session=True, timeout=600)  # its own process group, as a shell job
         logs.append(f"{proc.stdout}{proc.stderr}\n[attempt {attempt}: exit {proc.returncode}]\n")
         for line in trace.read_text().splitlines():
@@ -143,7 +145,8 @@ def _repro_until_done(root, probe, attempts: int = 6) -> tuple[list[str], list[s
         if proc.returncode == 0:
             return logs, killed, trained
         assert proc.returncode == -signal.SIGKILL, logs[-1][-3000:]
-        killed.append(re.findall(r"Running stage '([^']+)'", proc.stdout)[-1])
+        started = json.loads(times.read_text())
+        killed.append(next(name for name, seconds in started.items() if seconds is None))
     raise AssertionError(f"no success in {attempts} attempts:\n" + "\n".join(logs)[-4000:])
 
 

@@ -64,15 +64,16 @@ def _loop_row(doc: dict, peak_tflops: float | None) -> dict:
 
 
 def _mini(run_dir: Path, jobs: dict) -> dict | None:
-    """How far the mini table1 sweep got (from its dvc repro log): finished runs and the median step rate."""
-    log = run_dir / "mini.log"
+    """How far the mini table1 sweep got: finished runs and the median step rate (from its log), the stages
+    DVC started (mini_stage_times.json, written by dpnrepro.dvc_graph as each stage starts)."""
+    log, times = run_dir / "mini.log", run_dir / "mini_stage_times.json"
     if not log.exists():
         return None
     text = log.read_text(errors="replace")
     rates = [float(x) for x in re.findall(r"([\d.]+)step/s", text)]
     return {"finished_runs": sorted(set(re.findall(r"train (\S+ \S+ s\d+):\s+100%\|", text))),
             "median_steps_per_s": statistics.median(rates) if rates else None,
-            "stages_started": re.findall(r"Running stage '([^']+)'", text),
+            "stages_started": list(json.loads(times.read_text())) if times.exists() else [],
             "complete": (run_dir / "mini_table1.json").exists(), **jobs.get("mini", {})}
 
 

@@ -12,9 +12,9 @@
 #    RES/stage_times_<copy>.json has the wall time of every stage.
 # 3. scripts/lock_diff.py: the outputs whose dvc.lock hashes differ between the copies (RES/lock_diff.*).
 # 4. Copy a's model stages (train-*, evaluate-*, segment, vtab, sun397_scratch, lit_train, lit_evaluate) packed as
-#    a local DVC remote: $OUT/smoke_artifacts.tar.gz[.partNN] (python -m dpnrepro.dvc_pack pack), with its
+#    a local DVC remote: $OUT/smoke_artifacts.tar.gz[.partNN] (python tools/dvc_pack.py pack), with its
 #    tables, figures and metrics as the files a CPU checkout of the same revision must regenerate byte for byte:
-#    python -m dpnrepro.dvc_pack unpack smoke_artifacts.tar.gz --repro <report stages> (RES/unpack_command.txt).
+#    python tools/dvc_pack.py unpack smoke_artifacts.tar.gz --repro <report stages> (RES/unpack_command.txt).
 # SETUP_ONLY=1: the environment only (a first run on the machine); KEEP=1: the copies (and RES) of an earlier
 # run go on where they stopped (DVC keeps finished stages, a training stage resumes from its checkpoint).
 # On exit RES (logs, jobs.tsv, dvc.lock of each copy, a's reports/ and metrics/) is packed as
@@ -95,27 +95,17 @@ for c in $(seq 0 $(( COPIES - 1 ))); do
 done
 
 # --- 2. dvc repro in every copy at once ------------------------------------------------------------------------
-stamp() { while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done; }
 pids=()
-for c in $(seq 0 $(( COPIES - 1 ))); do
+for c in $(seq 0 $(( COPIES - 1 ))); do  # dvc repro through DVC's API: each stage's seconds in stage_times_copy<c>.json
   d="$WORK/copy$c" cores="$(( c * SHARE ))-$(( c * SHARE + SHARE - 1 ))"
   (cd "$d" && t=$(date +%s) && HF_HOME="$d/.hf" DPNREPRO_CPU_THREADS=$SHARE \
-     timeout --signal=INT --kill-after=15 "$(left)" taskset -c "$cores" "$PY" -m dvc repro ${TARGETS:-} 2>&1 \
-     | stamp > "$RES/repro_copy$c.log"; rc=${PIPESTATUS[0]}; log_job "repro_copy$c" "$rc" $(( $(date +%s) - t )); exit "$rc") &
+     timeout --signal=INT --kill-after=15 "$(left)" taskset -c "$cores" "$PY" -m dpnrepro.dvc_graph repro \
+       --times "$RES/stage_times_copy$c.json" ${TARGETS:-} > "$RES/repro_copy$c.log" 2>&1
+   rc=$?; log_job "repro_copy$c" "$rc" $(( $(date +%s) - t )); exit "$rc") &
   pids+=($!)
 done
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
-for c in $(seq 0 $(( COPIES - 1 ))); do
-  "$PY" - "$RES/repro_copy$c.log" "$RES/stage_times_copy$c.json" <<'PY'
-import json, re, sys
-lines = [line.split(" ", 1) for line in open(sys.argv[1]) if " " in line]
-starts = [(float(t), m.group(1)) for t, rest in lines if (m := re.search(r"Running stage '([^']+)'", rest))]
-end = float(lines[-1][0]) if lines else 0.0
-json.dump({name: round((starts[i + 1][0] if i + 1 < len(starts) else end) - t, 1) for i, (t, name) in enumerate(starts)},
-          open(sys.argv[2], "w"), indent=1)
-PY
-done
 [ "$failed" = 0 ] || { echo "######## dvc repro failed in a copy: $RES/repro_copy*.log"; exit 1; }
 
 # --- 3. every output hash of the copies compared ---------------------------------------------------------------
@@ -134,8 +124,8 @@ print(" ".join(s for s in lock if MODEL.match(s)))
 print(" ".join(s for s in lock if REPORT.match(s)))
 print(" ".join(o["path"] for s, b in lock.items() if REPORT.match(s) for o in b["outs"]))')
 t=$(date +%s)
-(cd "$WORK/copy0" && "$PY" -m dpnrepro.dvc_pack pack "${OUT:-$WORK}/smoke_artifacts.tar.gz" --stages "${model[@]}" \
+(cd "$WORK/copy0" && "$PY" tools/dvc_pack.py pack "${OUT:-$WORK}/smoke_artifacts.tar.gz" --stages "${model[@]}" \
    --compare "${compare[@]}") 2>&1 | tee "$RES/pack.log"; rc=${PIPESTATUS[0]}
 log_job pack "$rc" $(( $(date +%s) - t ))
-echo "python -m dpnrepro.dvc_pack unpack smoke_artifacts.tar.gz --repro ${reports[*]}" | tee "$RES/unpack_command.txt"
+echo "python tools/dvc_pack.py unpack smoke_artifacts.tar.gz --repro ${reports[*]}" | tee "$RES/unpack_command.txt"
 exit "$rc"

@@ -13,8 +13,8 @@
 # cut to what is left of the budget less PACK_RESERVE_S), so a stopped job never stops the rest
 # (TESTS_IN_BACKGROUND=1: the `tests` phase runs beside the later phases, sharing the GPU). On exit,
 # even after an error or a signal, RES is packed into ONE file, $OUT/gpu_results.tar.gz (RES.tar.gz without
-# OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (src/dpnrepro/dvc_pack.py;
-# on a CPU machine: python -m dpnrepro.dvc_pack unpack FILE). `collect` (python
+# OUT), and `table1` packs its DVC outputs as $OUT/gpu_artifacts.tar.gz[.partNN] (tools/dvc_pack.py;
+# on a CPU machine: python tools/dvc_pack.py unpack FILE). `collect` (python
 # tools/gpu_validation.py collect RES) writes benchmarks/measured/gpu_validation.json and
 # reports/gpu_validation.md. Needs the project's packages (pydantic, datasets, dvc, dvclive): on a GPU machine without
 # network, copy the folder `make gpu-carry` builds (.gpu_carry: wheels + Fashion-MNIST) there and run `env` first.
@@ -155,7 +155,8 @@ phase_mini() {  # the mini profile's table1 sweep through `dvc repro train-table
   # runtime.* is tracked by no stage: this machine's loader workers (the profile already compiles + CUDA graphs)
   make_params mini "runtime.workers=$(( CPUS > 2 ? CPUS - 2 : 1 ))" || return 1
   rm -f .dvc/tmp/rwlock .dvc/tmp/lock  # a previous run's repro stopped at its time budget
-  PATH=$(dirname "$(command -v $PY)"):$PATH job mini "${MINI_CAP_S:-100000}" $PY -m dvc repro train-table1 \
+  PATH=$(dirname "$(command -v $PY)"):$PATH job mini "${MINI_CAP_S:-100000}" $PY -m dpnrepro.dvc_graph repro \
+    --times "$RES/mini_stage_times.json" train-table1 \
     && echo '{}' > "$RES/mini_table1.json"
 }
 
@@ -211,7 +212,7 @@ from dpnrepro.reports.tables import summarize_sweep
 metrics = json.load(open("metrics/table1.json"))
 json.dump(summarize_sweep(metrics), open(f"{sys.argv[1]}/table1_summary.json", "w"), indent=1, default=str)
 PY
-  $PY -m dpnrepro.dvc_pack pack "${OUT:-$RES}/gpu_artifacts.tar.gz" --stages train-table1 --extra metrics/table1.json \
+  $PY tools/dvc_pack.py pack "${OUT:-$RES}/gpu_artifacts.tar.gz" --stages train-table1 --extra metrics/table1.json \
     2>&1 | tee "$RES/table1_pack.log"
 }
 

@@ -128,24 +128,20 @@ def restore_hint(env=os.environ) -> str:
 
 
 def stage_outputs(name: str, root: Path) -> tuple[list[str], list[str]]:
-    """``(cached, git-tracked)`` output paths of stage ``name`` (``dvc.yaml`` or ``<dir>/dvc.yaml:<stage>``)."""
-    import yaml
+    """``(cached, git-tracked)`` paths, relative to ``root``, of the outputs DVC removes before running stage
+    ``name`` (``dvc.yaml``'s ``<stage>`` or ``<dir>/dvc.yaml:<stage>``; not ``persist`` ones), from DVC's
+    own reading of the pipeline (dvc_graph: ``wdir`` resolved); none when DVC cannot read it."""
+    from dvc.exceptions import DvcException
 
-    file, _, stage_name = name.rpartition(":")
+    from dpnrepro import dvc_graph
+    from dpnrepro.errors import UserError
+
     try:
-        body = yaml.safe_load((root / (file or "dvc.yaml")).read_text())["stages"][stage_name]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        outs = dvc_graph.stage_outputs(name, root)
+    except (UserError, DvcException, OSError):  # the hint adds to an error being reported, never replaces it
         return [], []
-    prefix = str(Path(file).parent) if file and Path(file).parent != Path(".") else ""
-    cached, tracked = [], []
-    for key in ("outs", "metrics", "plots"):
-        for out in body.get(key) or []:
-            path, opts = (out, {}) if isinstance(out, str) else next(iter(out.items()))
-            if (opts or {}).get("persist"):
-                continue
-            full = f"{prefix}/{path}" if prefix else path
-            (tracked if (opts or {}).get("cache", True) is False else cached).append(full)
-    return cached, tracked
+    removed = [out for out in outs if not out.persist]
+    return [o.path for o in removed if o.cache], [o.path for o in removed if not o.cache]
 
 
 # How gloo / NCCL report a peer that went away mid-collective (the peer printed its own error).

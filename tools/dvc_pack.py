@@ -4,23 +4,24 @@ without training a step. Made for GPU runs on a lent machine (benchmarks/measure
 
 On the machine that ran the stages::
 
-    python -m dpnrepro.dvc_pack pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
+    python tools/dvc_pack.py pack $OUT/gpu_artifacts.tar.gz --stages train-table1 [--compare reports/table1.md ...]
 
 ``dvc push`` of the cached outputs of ``--stages`` to a local remote, packed with the run's dvc.lock,
 dvc.yaml and params.yaml, the stages' uncached outputs (``cache: false``: metrics JSON) and the ``--compare``
 files (what the CPU side must regenerate byte for byte), plus a manifest (git revision, stages, files).
 A pack over 15 MiB is cut into ``.partNN`` files (a GPU run returns files of at most 16 MiB).
 
-On another machine, in a checkout of the same revision (any other revision is refused: the pack's
-dvc.lock / dvc.yaml / params.yaml would overwrite that checkout's)::
+On another machine, in a clean checkout of the same revision (any other revision, or local changes to
+tracked files, are refused: the pack's dvc.lock / dvc.yaml / params.yaml and files would overwrite them)::
 
-    python -m dpnrepro.dvc_pack unpack gpu_artifacts.tar.gz [--repro table1 ...]
+    python tools/dvc_pack.py unpack gpu_artifacts.tar.gz [--repro table1 ...]
 
 puts the GPU run's dvc.lock / dvc.yaml / params.yaml and uncached outputs in place, ``dvc pull``s the cached
 ones from the packed remote, and with ``--repro`` reruns the data stages the packed ones read (not packed:
-remade from the raw data), refuses when ``dvc status`` then says a stage of ``--stages`` would run (its deps
-differ from the packing run's: code, params or prepared data), runs ``dvc repro`` of the targets, and checks
-every ``--compare`` file byte for byte against the packed one.
+remade from the raw data), refuses when DVC's status then says a stage of ``--stages`` would run (its deps
+differ from the packing run's: code, params or prepared data), reproduces the targets, and checks every
+``--compare`` file byte for byte against the packed one. DVC's pipeline is read through its Python API
+(dpnrepro.dvc_graph), never from its printed text.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import datetime
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -38,8 +38,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import yaml
-
+from dpnrepro import dvc_graph
 from dpnrepro.errors import UserError
 
 REMOTE = "dvc-pack"
@@ -48,56 +47,18 @@ PART_BYTES = 15 * 2**20
 PIPELINE_FILES = ("dvc.lock", "dvc.yaml", "params.yaml")
 
 
-def _dvc(args: list[str], root: Path, capture: bool = False) -> subprocess.CompletedProcess:
+def _dvc(args: list[str], root: Path) -> None:
+    """``dvc ARGS`` in ``root`` (its output shown); a failure is one UserError line with the end of DVC's output."""
     proc = subprocess.run(["dvc", *args], cwd=root, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip()[-2000:]
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines())[-2000:]
         raise UserError(f"dvc {' '.join(args)} failed ({proc.returncode}): {tail}")
-    if not capture:
-        sys.stdout.write(proc.stdout)
-    return proc
+    sys.stdout.write(proc.stdout)
 
 
 def uncached_outputs(root: Path, stages: list[str]) -> list[str]:
-    """The ``cache: false`` outputs (outs, metrics, plots) of ``stages`` in ``root``'s dvc.yaml."""
-    body = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    paths = []
-    for stage in stages:
-        if stage not in body:
-            raise UserError(f"no stage {stage!r} in dvc.yaml")
-        for kind in ("outs", "metrics", "plots"):
-            for out in body[stage].get(kind, []):
-                if isinstance(out, dict):
-                    (path, opts), = out.items()
-                    if (opts or {}).get("cache", True) is False:
-                        paths.append(path)
-    return paths
-
-
-def upstream_stages(root: Path, stages: list[str]) -> list[str]:
-    """Every stage that ``stages`` (of ``root``'s dvc.yaml) depend on, directly or not, dependencies first,
-    from DVC's own stage graph (a dependency inside or above another stage's output is an edge)."""
-    import networkx as nx
-    from dvc.repo import Repo
-
-    with Repo(str(root)) as repo:
-        graph = repo.index.graph  # an edge goes from a stage to a stage it depends on
-
-        def address(node) -> str:  # as `dvc repro` takes it from the project's root
-            rel = os.path.relpath(node.path, repo.root_dir)
-            name = getattr(node, "name", None)
-            return rel if not name else name if rel == "dvc.yaml" else f"{rel}:{name}"
-
-        by_name = {address(node): node for node in graph}
-        missing = [name for name in stages if name not in by_name]
-        if missing:
-            raise UserError(f"no stage {missing[0]!r} in dvc.yaml")
-        up = set().union(*(nx.descendants(graph, by_name[name]) for name in stages))
-        order = []
-        for name in stages:
-            order += [address(node) for node in nx.dfs_postorder_nodes(graph, by_name[name])
-                      if node in up and address(node) not in order]
-        return order
+    """The ``cache: false`` outputs (outs, metrics, plots) of ``stages``, relative to ``root``."""
+    return [out.path for stage in stages for out in dvc_graph.stage_outputs(stage, root) if not out.cache]
 
 
 def _rev(root: Path) -> str | None:
@@ -159,8 +120,17 @@ def _read_pack(path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in parts)
 
 
-def _stages_to_run(dry_run_output: str) -> list[str]:
-    return re.findall(r"Running stage '([^']+)'", dry_run_output)
+def _local_changes(root: Path) -> list[str]:
+    """Tracked files of the checkout at ``root`` that differ from its HEAD (staged or not); none where no git
+    checkout travelled (a lent machine: GIT_REV)."""
+    proc = subprocess.run(["git", "diff", "--name-only", "-z", "HEAD", "--"], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0 and os.environ.get("GIT_REV"):
+        return []
+    if proc.returncode != 0:
+        raise UserError(f"unpack: cannot tell whether {root} has local changes (git diff: "
+                        f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}); "
+                        "nothing was changed")
+    return [name for name in proc.stdout.split("\0") if name]
 
 
 def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
@@ -179,6 +149,11 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     if packed != here:  # its pipeline files are not this checkout's: never overwrite them
         raise UserError(f"packed at revision {packed}, this checkout is {here or 'no git checkout'}: unpack into a "
                         f"checkout of {packed} (git worktree add DIR {packed}); nothing was changed")
+    changed = _local_changes(root)
+    if changed:  # the pack's files would replace these edits
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise UserError(f"this checkout has local changes to {shown}: unpack into a clean checkout of {packed} "
+                        f"(git stash, or git worktree add DIR {packed}); nothing was changed")
     for name in PIPELINE_FILES:
         shutil.copy2(dest / "pipeline" / name, root / name)
     for rel in manifest["uncached"] + manifest.get("extra", []):
@@ -189,13 +164,13 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     if repro:
         # the data stages the GPU-made ones read (export, prepare: not packed, remade here from the raw data),
         # then the GPU-made stages must be up to date: else `dvc repro` would train again, and is refused
-        upstream = [s for s in upstream_stages(root, manifest["stages"]) if s not in manifest["stages"]]
-        manifest["ran"] = _stages_to_run(_dvc(["repro", *upstream], root).stdout) if upstream else []
-        status = json.loads(_dvc(["status", "--json", *manifest["stages"]], root, capture=True).stdout or "{}")
+        upstream = [s for s in dvc_graph.upstream_stages(manifest["stages"], root) if s not in manifest["stages"]]
+        manifest["ran"] = list(dvc_graph.reproduce(upstream, root)) if upstream else []
+        status = dvc_graph.status(manifest["stages"], root)
         if status:
             raise UserError(f"unpack: dvc repro would rerun the GPU-made stage(s) {sorted(status)}: their deps differ "
                             f"from the GPU run's ({json.dumps(status)[:500]}); no stage after {upstream} was run")
-        manifest["ran"] += _stages_to_run(_dvc(["repro", *repro], root).stdout)
+        manifest["ran"] += list(dvc_graph.reproduce(repro, root))
         differ = []
         for rel in manifest["compare"]:
             packed = dest / "files" / rel
@@ -231,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     u.add_argument("pack", type=Path)
     u.add_argument("--repro", nargs="*", default=[], help="dvc repro targets to regenerate from the pulled outputs")
     args = ap.parse_args(argv)
+    from dvc.logger import setup
+
+    setup()  # DVC's own progress lines (the stages it runs) on the terminal
     try:
         if args.cmd == "pack":
             files = pack(args.out, args.stages, args.compare, extra=args.extra)

@@ -1,0 +1,183 @@
+"""The DVC pipelines as data, from DVC's Python API (``dvc.repo.Repo``), never from its printed text.
+
+Three questions, for the stages of every ``dvc.yaml`` in the project (``dvc.yaml``, ``study/dvc.yaml``,
+``benchmarks/dvc.yaml``), each stage addressed as ``dvc repro`` takes it from the project's root
+(``name`` in the root's dvc.yaml, ``study/dvc.yaml:name`` elsewhere):
+
+- :func:`stage_outputs`: a stage's outputs, paths relative to the root (``wdir`` resolved), with their
+  cache / persist / metric / plot flags;
+- :func:`upstream_stages`: the stages it depends on, directly or not;
+- :func:`reproduce` / :func:`status`: what ``reproduce()`` ran, and what ``status()`` says is stale.
+
+Reading (outputs, upstream stages) takes no repository lock, so a stage can ask about itself while
+``dvc repro`` holds the lock (cli.restore_hint). ``dvc`` is imported on first use, not with this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpnrepro.errors import UserError
+
+PROJECT_FILE = "dvc.yaml"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of a stage: its path relative to the project root and DVC's flags for it."""
+
+    path: str
+    cache: bool
+    persist: bool
+    metric: bool
+    plot: bool
+
+
+@contextlib.contextmanager
+def open_repo(root: Path | str = ".") -> Iterator:
+    """``dvc.repo.Repo`` of the project at ``root``, with the working directory at its root (DVC resolves
+    targets and names stages relative to the working directory). A folder without ``.dvc`` is read as an
+    uninitialised project (its dvc.yaml files still parse)."""
+    from dvc.repo import Repo
+
+    root = Path(root).resolve()
+    with contextlib.chdir(root), Repo(str(root), uninitialized=not (root / ".dvc").is_dir()) as repo:
+        yield repo
+
+
+def address(stage, root_dir: str) -> str:
+    """How ``dvc repro`` at ``root_dir`` names ``stage``: ``name``, ``sub/dvc.yaml:name``, or a ``.dvc`` file."""
+    rel = Path(os.path.relpath(stage.path, root_dir)).as_posix()
+    name = getattr(stage, "name", None)
+    return rel if not name else name if rel == PROJECT_FILE else f"{rel}:{name}"
+
+
+def _stage(repo, name: str):
+    """The stage ``name`` addresses (see the module docstring); UserError when there is none."""
+    from dvc.exceptions import DvcException
+
+    try:
+        stages = repo.stage.collect(name)
+    except DvcException as exc:
+        raise UserError(f"no stage {name!r} in this project's dvc.yaml files ({exc})") from None
+    if len(stages) != 1:
+        raise UserError(f"{name!r} names {len(stages)} stages, not one")
+    return stages[0]
+
+
+def stage_outputs(name: str, root: Path | str = ".") -> list[Output]:
+    """The outputs (``outs``, ``metrics``, ``plots``) of stage ``name``, in dvc.yaml's order."""
+    with open_repo(root) as repo:
+        stage = _stage(repo, name)
+        return [Output(path=Path(os.path.relpath(out.fs_path, repo.root_dir)).as_posix(), cache=bool(out.use_cache),
+                       persist=bool(out.persist), metric=bool(out.metric), plot=bool(out.plot))
+                for out in stage.outs]
+
+
+def upstream_stages(names: Sequence[str], root: Path | str = ".") -> list[str]:
+    """Every stage that ``names`` depend on, directly or not, dependencies first, from DVC's own stage
+    graph (a dependency inside or above another stage's output is an edge); ``names`` themselves excluded
+    unless one depends on another."""
+    import networkx as nx
+
+    with open_repo(root) as repo:
+        graph = repo.index.graph  # an edge goes from a stage to a stage it depends on
+        targets = [_stage(repo, name) for name in names]
+        up = set().union(*(nx.descendants(graph, stage) for stage in targets))
+        order: list[str] = []
+        for stage in targets:
+            order += [address(node, repo.root_dir) for node in nx.dfs_postorder_nodes(graph, stage)
+                      if node in up and address(node, repo.root_dir) not in order]
+        return order
+
+
+def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path | None = None,
+              **options) -> dict[str, float]:
+    """``Repo.reproduce(targets, **options)`` (``force``, ``single_item``, ``dry``, ...): the stages it ran, in
+    order, each address with its wall time in seconds. With ``record``, that mapping is also written there
+    (JSON) as each stage starts (``null``) and ends, so a run stopped midway still tells which stages it
+    started. A failing stage is a UserError naming it."""
+    from dvc.exceptions import DvcException
+    from dvc.repo.reproduce import _reproduce_stage
+
+    from dpnrepro.io import write_json_atomic
+
+    ran: dict[str, float | None] = {}
+
+    def timed(stage, **kwargs):
+        name = address(stage, repo.root_dir)
+        ran[name], started = None, time.perf_counter()
+        if record:
+            write_json_atomic(record, ran)
+        result = _reproduce_stage(stage, **kwargs)
+        if result is None:
+            del ran[name]  # up to date: skipped
+        else:
+            ran[name] = round(time.perf_counter() - started, 1)
+        if record:
+            write_json_atomic(record, ran)
+        return result
+
+    if record:
+        write_json_atomic(record, ran)
+    with open_repo(root) as repo:
+        try:
+            repo.reproduce(list(targets) or None, repro_fn=timed, **options)
+        except DvcException as exc:
+            cause = f": {exc.__cause__}" if exc.__cause__ else ""
+            raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}".replace("\n", " ")) from None
+    return ran
+
+
+def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, list]:
+    """``Repo.status(targets)``: each stale stage's address and what changed (deps, outs, command, params),
+    as ``dvc status --json`` lists them; empty when everything is up to date."""
+    from dvc.exceptions import DvcException
+
+    with open_repo(root) as repo:
+        try:
+            return dict(repo.status(list(targets) or None))
+        except DvcException as exc:
+            raise UserError(f"dvc status {' '.join(targets)}: {exc}".replace("\n", " ")) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``repro`` as ``dvc repro`` (DVC's own log on the terminal), the stages it ran and their seconds written as
+    JSON (``--times``); ``status``: the stale stages as JSON on stdout."""
+    ap = argparse.ArgumentParser(prog="python -m dpnrepro.dvc_graph", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("repro", help="dvc repro TARGETS; --times FILE: the stages run and their seconds (JSON)")
+    r.add_argument("targets", nargs="*")
+    r.add_argument("--times", type=Path, help="JSON file: each stage run, its seconds (null while it runs)")
+    r.add_argument("-f", "--force", action="store_true")
+    r.add_argument("-s", "--single-item", action="store_true")
+    st = sub.add_parser("status", help="the stale stages of TARGETS and what changed, as JSON")
+    st.add_argument("targets", nargs="*")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "repro":
+            from dvc.logger import setup
+
+            setup()
+            reproduce(args.targets, record=args.times, force=args.force, single_item=args.single_item)
+        else:
+            print(json.dumps(status(args.targets), indent=1))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted; rerun to go on from the last completed stage", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()
