@@ -82,8 +82,9 @@ def test_a_params_change_that_reaches_table6_reports_its_params_stages_metrics_a
     if not any(k.endswith(".verdict") for k in changed):
         assert "None: every verdict reads as at base." in report
     assert "- [reports/table6.md](table6.md)" in report and "![reports/table6.png](table6.png)" in report
-    for name in UNTOUCHED:
-        assert name not in report.replace("table6", ""), name
+    entries = "\n".join(line for line in report.splitlines() if not line.startswith("#")).replace("table6", "")
+    for name in UNTOUCHED:  # no param, stage, metric or file of the tables the change did not reach
+        assert name not in entries, name
     if os.environ.get("DPNREPRO_WRITE_PR_SAMPLE") == "1":
         SAMPLE.write_text(report)
 
