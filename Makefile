@@ -16,7 +16,7 @@ PROFILE ?= smoke
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: env repro test test-fast profile clean gpu-carry
+.PHONY: env repro test test-fast pr-report profile clean gpu-carry
 
 env:
 	bash scripts/setup_env.sh
@@ -29,6 +29,13 @@ test: env
 
 test-fast: env
 	$(PYTEST) -m "not slow"
+
+# What the workspace's outputs changed against the git revision BASE (docs/ci.md): params, stages rerun,
+# headline metrics, flipped verdicts, changed tables and figures, as one Markdown file (CI's job summary).
+OUT ?= pr-report.md
+pr-report: env
+	@test -n "$(BASE)" || { echo "error: make pr-report needs BASE=<git revision>" >&2; exit 2; }
+	$(BIN)/python tools/pr_report.py --base "$(BASE)" --out "$(OUT)" $(PR_REPORT_ARGS)
 
 # Switch the active profile: copies profiles/$(PROFILE).yaml to params.yaml (shows in `dvc params diff`) and
 # regenerates dvc.yaml, whose plots name every run of the profile's sweeps. The set-up (env) runs first, so
