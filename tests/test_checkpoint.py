@@ -244,7 +244,7 @@ def test_atomic_dir_success_replaces_and_cleans_stale(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    stale = tmp_path / ".out.abc.tmp"  # left by a killed earlier attempt
+    stale = tmp_path / ".out.abc1_xyz.tmp"  # left by a killed earlier attempt (mkdtemp's name)
     stale.mkdir()
     with atomic_dir(out) as tmp:
         (tmp / "new.txt").write_text("new")
