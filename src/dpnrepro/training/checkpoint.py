@@ -49,9 +49,14 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def checksums_text(digests: dict[str, str]) -> str:
+    """``sha256sum``'s format: one ``<sha256>  <name>`` line per file."""
+    return "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+
+
 def write_checksums(manifest: str | Path, files: list[Path]) -> None:
     """Record the sha256 of ``files`` (in ``manifest``'s folder) in ``manifest``, atomically."""
-    write_text_atomic(manifest, "".join(f"{file_sha256(f)}  {Path(f).name}\n" for f in sorted(files)))
+    write_text_atomic(manifest, checksums_text({Path(f).name: file_sha256(f) for f in files}))
 
 
 def verify_checksums(manifest: str | Path, names: tuple[str, ...]) -> None:
