@@ -414,3 +414,22 @@ def test_segmentation_run_files_honour_the_umask_and_a_damaged_one_is_retrained(
     assert run_once() == first and len(trained) == 2  # trained again
     assert capsys.readouterr().err == \
         f"checkpoint {damaged} is damaged (checksum mismatch); retraining {first['run']} from scratch\n"
+
+
+@pytest.mark.parametrize("victim, damage", [("meta.json", truncate), ("optimizer.safetensors", truncate),
+                                            ("model.safetensors", scribble)],
+                         ids=["truncated meta.json", "truncated optimizer", "4000 random bytes in the weights"])
+def test_damaged_training_checkpoint_is_retrained_to_the_same_run(project, victim, damage):
+    """The stage after `dvc repro` removed the run: its checkpoint is damaged, so it retrains from scratch
+    (one line names the file, exit 0) and writes the run of an uninterrupted training, byte for byte."""
+    stage(project, "stages/train.py", *ONE_RUN)
+    run_dir = project / "runs/table1/Mu-7_dpn_s0"
+    uninterrupted = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    shutil.rmtree(run_dir)
+    damage(project / "checkpoints/table1/Mu-7_dpn_s0" / victim)
+    proc = stage(project, "stages/train.py", *ONE_RUN)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if "damaged" in line]
+    assert notes == [f"checkpoint checkpoints/table1/Mu-7_dpn_s0/{victim} is damaged (checksum mismatch); "
+                     "retraining Mu-7_dpn_s0 from scratch"], proc.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == uninterrupted
