@@ -62,10 +62,10 @@ def mark_target(exc: BaseException, path: Path) -> None:
             exc.dpnrepro_target = str(path)
 
 
-def _temporaries(path: Path, suffix: str) -> list[Path]:
-    """The temporaries this module names after ``path`` (``.<name>.<8 random characters><suffix>``, as
+def _temporaries(path: Path) -> list[Path]:
+    """The temporaries this module names after ``path`` (``.<name>.<8 random characters>.tmp``, as
     ``tempfile.mkstemp`` / ``mkdtemp`` make them): those of no other target, and no other file."""
-    own = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}{re.escape(suffix)}")
+    own = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp")
     with contextlib.suppress(OSError):
         return [p for p in path.parent.iterdir() if own.fullmatch(p.name)]
     return []
@@ -82,7 +82,7 @@ def _remove(path: Path) -> None:
 
 def remove_stale_temporaries(path: Path) -> None:
     """Remove the temporary files a killed earlier write of ``path`` left beside it."""
-    for stale in _temporaries(path, ".tmp"):
+    for stale in _temporaries(path):
         _remove(stale)
 
 
@@ -211,10 +211,9 @@ def recover_dir(path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike):
-    """Yield a temporary directory that replaces ``path`` only if the block succeeds. ``path`` is never
-    absent where it was present: the previous output is moved aside to ``.<name>.old`` for the instant
-    between two renames, put back if the second fails, and recovered by the next call
-    (:func:`recover_dir`) after a kill between them."""
+    """Yield a temporary directory that replaces ``path`` only if the block succeeds. No failure loses the
+    previous output: it is moved aside to ``.<name>.old`` between two renames, put back if the second
+    fails, and recovered by the next call (:func:`recover_dir`) after a kill between them."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
