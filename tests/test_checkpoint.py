@@ -12,7 +12,9 @@ from dpnrepro.errors import CheckpointError
 from dpnrepro.io import atomic_dir
 from dpnrepro.models import build_vit
 from dpnrepro.training.checkpoint import (
+    CHECKSUMS,
     MODEL_FILE,
+    DamagedCheckpoint,
     load_checkpoint,
     load_weights,
     read_checkpoint_meta,
@@ -167,7 +169,7 @@ def test_resume_is_bit_identical(tmp_path):
     ckpt = tmp_path / "ckpt"
     save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=3, fingerprint="fp", extra={"k": 1})
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(
-        [MODEL_FILE, "optimizer.safetensors", "rng.safetensors", "meta.json"])
+        [MODEL_FILE, "optimizer.safetensors", "rng.safetensors", "meta.json", CHECKSUMS])
 
     # a fresh process: other weights, fresh optimizer/scheduler, scrambled RNGs
     model2, opt2, sched2 = _setup(99)
@@ -244,7 +246,7 @@ def test_atomic_dir_success_replaces_and_cleans_stale(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    stale = tmp_path / ".out.abc.tmp"  # left by a killed earlier attempt
+    stale = tmp_path / ".out.abc1_xyz.tmp"  # left by a killed earlier attempt (mkdtemp's name)
     stale.mkdir()
     with atomic_dir(out) as tmp:
         (tmp / "new.txt").write_text("new")
@@ -259,15 +261,17 @@ class _Killed(Exception):
     pass
 
 
-def _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop: float, live: bool = False) -> bool:
+def _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop: float, live: bool = False,
+                            damage=None) -> bool:
     """Train 6 steps uninterrupted, and 3 steps + 'kill' right after the step-3 checkpoint + resume, then
     restore the complete checkpoint once more (as `dvc repro` does after deleting the run directory).
-    ``live``: each attempt logs to its own dvclive directory ``tmp_path/live/<attempt>``."""
+    ``live``: each attempt logs to its own dvclive directory ``tmp_path/live/<attempt>``; ``damage``: called
+    with the step-3 checkpoint's folder before the resume."""
     # seed_everything() switches on deterministic algorithms and sets CUBLAS_WORKSPACE_CONFIG: undo after
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        return _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop, live)
+        return _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop, live, damage)
     finally:
         torch.use_deterministic_algorithms(det, warn_only=warn_only)
 
@@ -283,7 +287,7 @@ def _logged(tmp_path, attempt: str, live: bool):
     return Live(dir=str(tmp_path / "live" / attempt), save_dvc_exp=False, dvcyaml=None, report=None)
 
 
-def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float, live: bool) -> bool:
+def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float, live: bool, damage) -> bool:
     from conftest import data_cfg
     from dpnrepro.config.core import InputParams, TrainParams
     from dpnrepro.config.runtime import RuntimeParams
@@ -317,6 +321,8 @@ def _run_trainer_resume(tmp_path, monkeypatch, idx_dataset, drop: float, live: b
         attempt("killed", "b")
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     assert read_checkpoint_meta(tmp_path / "b")["step"] == 3
+    if damage is not None:
+        damage(tmp_path / "b")
     resumed = attempt("resumed", "b")
     assert read_checkpoint_meta(tmp_path / "b")["step"] == 6
     restored = attempt("restored", "b")  # from the complete checkpoint: no step trained
@@ -349,3 +355,69 @@ def test_trainer_resume_keeps_the_dvclive_history(tmp_path, monkeypatch, idx_dat
         ["step", "2", "4", "6"]
     for attempt in ("resumed", "restored"):
         assert files(attempt) == reference, attempt
+
+
+# --- damaged checkpoints: a resume cache, verified before it is used ------------------------------------------
+
+
+def _truncate(name: str):
+    def damage(ckpt):
+        path = ckpt / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        return path
+    return damage
+
+
+def _random_bytes_into_tensor_data(ckpt):
+    """4000 random bytes over the middle of model.safetensors' tensor data (its header left intact)."""
+    path = ckpt / MODEL_FILE
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little") + 1000
+    assert len(data) > start + 4000
+    data[start : start + 4000] = random.Random(0).randbytes(4000)
+    path.write_bytes(bytes(data))
+    return path
+
+
+DAMAGES = {"truncated meta.json": _truncate("meta.json"),
+           "truncated optimizer.safetensors": _truncate("optimizer.safetensors"),
+           "4000 random bytes in the weights": _random_bytes_into_tensor_data}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_checkpoint_is_not_loaded(tmp_path, damage, capsys):
+    model = _vit()
+    opt, sched = torch.optim.AdamW(model.parameters()), None
+    model(torch.randn(2, 1, 28, 28)).sum().backward()
+    opt.step()
+    ckpt = tmp_path / "Mu-7_dpn_s0"
+    save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=3, fingerprint="a")
+    assert read_checkpoint_meta(ckpt)["step"] == 3 and capsys.readouterr().err == ""
+    path = DAMAGES[damage](ckpt)
+    assert read_checkpoint_meta(ckpt) is None
+    assert capsys.readouterr().err == \
+        f"checkpoint {path} is damaged (checksum mismatch); retraining Mu-7_dpn_s0 from scratch\n"
+    with pytest.raises(DamagedCheckpoint, match=f"checkpoint {path} is damaged"):
+        load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched)
+
+
+@pytest.mark.usefixtures("hf_cache_in_tmp")
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_trainer_retrains_from_scratch_after_a_damaged_checkpoint(tmp_path, monkeypatch, idx_dataset, damage, capsys):
+    """The killed run's checkpoint damaged on disk: the run trains again from step 0 (one line on stderr
+    names the file) and ends with the uninterrupted run's weights, never resumed from damaged ones."""
+    assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.1, damage=DAMAGES[damage])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "is damaged" in line]
+    assert len(notes) == 1 and notes[0].startswith(f"checkpoint {tmp_path / 'b'}/") and \
+        notes[0].endswith("is damaged (checksum mismatch); retraining b from scratch"), notes
+
+
+def test_checkpoint_left_aside_by_a_kill_is_read_back(tmp_path):
+    """A kill between atomic_dir's two renames leaves the complete checkpoint at ``.<name>.old``: the
+    reader recovers it instead of retraining."""
+    model, opt, sched = _setup(0)
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, step=3, fingerprint="a")
+    ckpt.rename(tmp_path / ".ckpt.old")
+    assert read_checkpoint_meta(ckpt)["step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

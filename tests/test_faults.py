@@ -250,3 +250,196 @@ def test_an_image_size_off_the_patch_grid_is_one_line_naming_the_key(project):
     line = error_line(stage(project, "stages/train.py", *ONE_RUN))
     assert "table1 (arch Mu-7): input.image_size 27 is not a multiple of the patch size 7 of Mu-7" in line, line
     assert not (project / "runs").exists() and not (project / "checkpoints").exists()
+
+
+# --- segmentation: mmengine's checkpoints and the runs' files --------------------------------------------
+
+SEG_CONFIG = REPO / "configs/segmentation/canvas_mu7_linear.py"
+SEG_OPTIONS = {"train_cfg.max_iters": 4, "param_scheduler.0.end": 4, "default_hooks.checkpoint.interval": 2,
+               "train_dataloader.batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def canvases(tmp_path_factory) -> Path:
+    from dpnrepro.data.segmentation import export_canvases
+
+    root = tmp_path_factory.mktemp("seg") / "canvases"
+    export_canvases(FMNIST, root, train_images=16, val_images=3, size=84, items=(2, 4), seed=0)
+    return root
+
+
+def seg_config(canvases: Path, work: Path, **options):
+    from dpnrepro.segmentation.experiment import run_config
+
+    return run_config(SEG_CONFIG, arch="Mu-7", stem="dpn", fraction="1/2", seed=3, data_root=str(canvases),
+                      work_dir=work, options={**SEG_OPTIONS, **options})
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A tmpfs of ``size`` mounted on ``path`` (skips where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs is not allowed here (root only)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def scribble(path: Path) -> Path:
+    """4000 random bytes over the middle of ``path`` (its length kept)."""
+    import random
+
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2 - 2000
+    assert start > 0, path
+    data[start : start + 4000] = random.Random(0).randbytes(4000)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def truncate(path: Path) -> Path:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def test_full_disk_while_segmentation_checkpoints_names_it_and_leaves_no_truncated_checkpoint(canvases, tmp_path):
+    """A 1 MB tmpfs on the run's work directory holds mmengine's logs but not iter_2.pth (2.6 MB)."""
+    import errno
+
+    from dpnrepro.cli import fault_message
+    from dpnrepro.segmentation.experiment import train_and_evaluate
+
+    work = tmp_path / "seg_run"
+    with tmpfs(work, "1m"):
+        with pytest.raises(OSError) as raised:
+            train_and_evaluate(seg_config(canvases, work, **{"train_cfg.max_iters": 2, "param_scheduler.0.end": 2}))
+        assert raised.value.errno == errno.ENOSPC
+        line = fault_message(raised.value)
+        assert line.startswith(f"no space left on device while writing {work}/iter_2.pth;"), line
+        assert not list(work.glob("iter_*")) and not leftovers(work), sorted(p.name for p in work.iterdir())
+
+
+def test_tmpfs_mounted_exactly_on_an_output_folder_is_one_line(tmp_path):
+    """Replacing a mount point fails with EBUSY: the stage's line names the output and the fix."""
+    from dpnrepro.cli import fault_message
+    from dpnrepro.io import atomic_dir
+
+    with tmpfs(tmp_path / "runs/seg", "1m") as out:
+        (out / "kept.txt").write_text("old")
+        with pytest.raises(OSError) as raised:
+            with atomic_dir(out) as tmp:
+                (tmp / "new.txt").write_text("new")
+        line = fault_message(raised.value)
+        assert line and line.startswith(f"device or resource busy (a mount point cannot be replaced) while writing {out};"), \
+            line
+        assert sorted(p.name for p in out.iterdir()) == ["kept.txt"]
+    assert not leftovers(tmp_path)
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("damage", [truncate, scribble], ids=["truncated", "4000 random bytes"])
+def test_damaged_segmentation_checkpoint_retrains_from_scratch(canvases, tmp_path, damage, capsys):
+    """A run killed after its iteration-2 checkpoint, whose iter_2.pth is then damaged: the rerun says so in
+    one line, trains from iteration 0 and ends with the uninterrupted run's weights."""
+    import torch
+    from mmengine.hooks import Hook
+    from mmengine.registry import HOOKS
+
+    from dpnrepro.segmentation.experiment import train_and_evaluate
+
+    probe = {"kill_at": None, "trained": []}
+
+    @HOOKS.register_module(force=True)
+    class KillAt(Hook):  # in every attempt's config: the same fingerprint
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            if runner.iter == probe["kill_at"]:
+                raise _Killed
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            probe["trained"].append(runner.iter)
+
+    hooks = {"custom_hooks": [dict(type="ResumeStateHook"), dict(type="KillAt")]}
+    reference = train_and_evaluate(seg_config(canvases, tmp_path / "reference", **hooks))["state_dict"]
+    work = tmp_path / "killed"
+    probe.update(kill_at=2)
+    with pytest.raises(_Killed):
+        train_and_evaluate(seg_config(canvases, work, **hooks))
+    damaged = damage(work / "iter_2.pth")
+    capsys.readouterr()
+    probe.update(kill_at=None, trained=[])
+    again = train_and_evaluate(seg_config(canvases, work, **hooks))["state_dict"]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert notes == [f"checkpoint {damaged} is damaged (checksum mismatch); retraining killed from scratch"]
+    assert probe["trained"] == [0, 1, 2, 3]
+    assert all(torch.equal(again[k], reference[k]) for k in reference)
+
+
+def test_segmentation_run_files_honour_the_umask_and_a_damaged_one_is_retrained(canvases, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A completed run's files in checkpoints/seg/<run> (what runs/seg copies): ordinary modes under the
+    umask, and random bytes in its weights make the sweep train it again instead of reading it back."""
+    import types
+
+    import torch
+
+    from dpnrepro.segmentation import sweep
+    from dpnrepro.segmentation.experiment import FINGERPRINT_FILE, fingerprint
+    from dpnrepro.training.distributed import DistContext
+
+    trained = []
+
+    def train_and_evaluate(cfg, ctx):
+        trained.append(cfg.work_dir)
+        Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.work_dir) / FINGERPRINT_FILE).write_text(fingerprint(cfg))
+        return {"mIoU": 1.0, "mAcc": 2.0, "aAcc": 3.0, "train_images": 8, "iters": 4,
+                "state_dict": {"w": torch.arange(4000.0)}}
+
+    monkeypatch.setattr(sweep, "train_and_evaluate", train_and_evaluate)
+    monkeypatch.chdir(tmp_path)
+    seg = types.SimpleNamespace(arch="Mu-7", config=str(SEG_CONFIG), data_root=str(canvases), options=SEG_OPTIONS,
+                                pretrained_seed=None)
+    params = types.SimpleNamespace(segmentation=seg)
+
+    def run_once() -> dict:
+        return sweep._run(params, "dpn", "1/2", 3, DistContext())
+
+    mask = os.umask(0o022)
+    try:
+        first = run_once()
+    finally:
+        os.umask(mask)
+    work = Path("checkpoints/seg") / first["run"]
+    assert {f.name: mode(f) for f in work.iterdir()} == dict.fromkeys(os.listdir(work), 0o644)
+    assert not leftovers(work)
+    assert run_once() == first and len(trained) == 1  # read back
+    damaged = scribble(work / "model.safetensors")
+    capsys.readouterr()
+    assert run_once() == first and len(trained) == 2  # trained again
+    assert capsys.readouterr().err == \
+        f"checkpoint {damaged} is damaged (checksum mismatch); retraining {first['run']} from scratch\n"
+
+
+@pytest.mark.parametrize("victim, damage", [("meta.json", truncate), ("optimizer.safetensors", truncate),
+                                            ("model.safetensors", scribble)],
+                         ids=["truncated meta.json", "truncated optimizer", "4000 random bytes in the weights"])
+def test_damaged_training_checkpoint_is_retrained_to_the_same_run(project, victim, damage):
+    """The stage after `dvc repro` removed the run: its checkpoint is damaged, so it retrains from scratch
+    (one line names the file, exit 0) and writes the run of an uninterrupted training, byte for byte."""
+    stage(project, "stages/train.py", *ONE_RUN)
+    run_dir = project / "runs/table1/Mu-7_dpn_s0"
+    uninterrupted = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    shutil.rmtree(run_dir)
+    damage(project / "checkpoints/table1/Mu-7_dpn_s0" / victim)
+    proc = stage(project, "stages/train.py", *ONE_RUN)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if "damaged" in line]
+    assert notes == [f"checkpoint checkpoints/table1/Mu-7_dpn_s0/{victim} is damaged (checksum mismatch); "
+                     "retraining Mu-7_dpn_s0 from scratch"], proc.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == uninterrupted

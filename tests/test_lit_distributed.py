@@ -215,6 +215,8 @@ def test_a_failing_run_keeps_the_finished_ones_and_resumes_bit_identically(lit_p
 
 def test_another_configuration_does_not_resume(lit_project, tmp_path, capsys):
     """A checkpoint of another fingerprint is not resumed: the run is retrained from step 0."""
+    from dpnrepro.training.checkpoint import CHECKPOINT_FILES, CHECKSUMS, write_checksums
+
     root = tmp_path / "p"
     lit_project(root)
     meta = root / "checkpoints/lit/jft_220k/Mu-7_dpn_s0/lit_s1/meta.json"
@@ -222,6 +224,7 @@ def test_another_configuration_does_not_resume(lit_project, tmp_path, capsys):
     assert m["step"] == 6
     m["fingerprint"] = "other"
     meta.write_text(json.dumps(m))
+    write_checksums(meta.parent / CHECKSUMS, [meta.parent / name for name in CHECKPOINT_FILES])  # not damaged
     (root / RUN1 / "lit.json").unlink()
     capsys.readouterr()
     lit_project(root)

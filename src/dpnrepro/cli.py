@@ -79,6 +79,8 @@ _FAULTS = {
     errno.EROFS: ("read-only file system", "make it writable or run in a writable copy of the project"),
     errno.EACCES: ("permission denied", "give yourself access (chmod / chown) or run in a writable copy"),
     errno.EPERM: ("operation not permitted", "give yourself access (chmod / chown) or run in a writable copy"),
+    errno.EBUSY: ("device or resource busy (a mount point cannot be replaced)",
+                  "mount the file system on the folder above the output, not on the output itself"),
 }
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
 

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -61,9 +62,34 @@ def mark_target(exc: BaseException, path: Path) -> None:
             exc.dpnrepro_target = str(path)
 
 
+def _temporaries(path: Path) -> list[Path]:
+    """The temporaries this module names after ``path`` (``.<name>.<8 random characters>.tmp``, as
+    ``tempfile.mkstemp`` / ``mkdtemp`` make them): those of no other target, and no other file."""
+    own = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp")
+    with contextlib.suppress(OSError):
+        return [p for p in path.parent.iterdir() if own.fullmatch(p.name)]
+    return []
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or folder tree; nothing if it is not there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files a killed earlier write of ``path`` left beside it."""
+    for stale in _temporaries(path):
+        _remove(stale)
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place (inside
-    :func:`all_or_nothing`: at the end of the block)."""
+    :func:`all_or_nothing`: at the end of the block). A successful write removes the temporaries of
+    ``path`` that a killed earlier write left."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +113,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             os.unlink(tmp)
         mark_target(exc, path)
         raise
+    remove_stale_temporaries(path)
     _fsync_dir(path.parent)
 
 
@@ -118,7 +145,8 @@ def write_json_atomic(path: str | os.PathLike, obj) -> None:
 def all_or_nothing():
     """Files written with :func:`write_bytes_atomic` (and its text / JSON forms) inside the block replace
     their paths together when the block ends, or, if the block or any rename fails, none does (the
-    replaced ones get their previous contents back). A block inside another joins the outer one."""
+    replaced ones get their previous contents back). A path written twice in the block gets its last
+    contents. A block inside another joins the outer one."""
     if _pending.get() is not None:
         yield
         return
@@ -133,9 +161,17 @@ def all_or_nothing():
         raise
     finally:
         _pending.reset(token)
+    last: dict[str, tuple[str, Path]] = {}  # one rename per file: its last write
+    for tmp, path in pending:
+        earlier = last.pop(os.path.abspath(path), None)
+        if earlier is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(earlier[0])
+        last[os.path.abspath(path)] = (tmp, path)
     done: list[tuple[Path, Path | None]] = []  # (path, its previous contents moved aside, or None)
+    path = None
     try:
-        for tmp, path in pending:
+        for tmp, path in last.values():
             backup = None
             if path.exists():
                 backup = path.with_name(f".{path.name}.previous")
@@ -143,10 +179,10 @@ def all_or_nothing():
             done.append((path, backup))
             os.replace(tmp, path)
     except BaseException as exc:
-        for path, backup in reversed(done):
+        for done_path, backup in reversed(done):
             with contextlib.suppress(OSError):
-                os.replace(backup, path) if backup is not None else os.unlink(path)
-        for tmp, _ in pending:
+                os.replace(backup, done_path) if backup is not None else os.unlink(done_path)
+        for tmp, _ in last.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         mark_target(exc, path)
@@ -155,17 +191,34 @@ def all_or_nothing():
         if backup is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(backup)
+        remove_stale_temporaries(path)
         _fsync_dir(path.parent)
+
+
+def recover_dir(path: str | os.PathLike) -> None:
+    """Finish what a killed :func:`atomic_dir` left: its previous output moved aside (``.<name>.old``)
+    and the new one not yet in place goes back to ``path``; beside a complete ``path`` it is removed."""
+    path = Path(path)
+    old = path.with_name(f".{path.name}.old")
+    if not old.exists():
+        return
+    if path.exists():
+        _remove(old)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(old, path)
 
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike):
-    """Yield a temporary directory that replaces ``path`` only if the block succeeds."""
+    """Yield a temporary directory that replaces ``path`` only if the block succeeds. No failure loses the
+    previous output: it is moved aside to ``.<name>.old`` between two renames, put back if the second
+    fails, and recovered by the next call (:func:`recover_dir`) after a kill between them."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed earlier attempt
-            shutil.rmtree(stale, ignore_errors=True)
+        recover_dir(path)
+        remove_stale_temporaries(path)  # left by a killed earlier attempt
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except BaseException as exc:
         mark_target(exc, path)
@@ -175,10 +228,14 @@ def atomic_dir(path: str | os.PathLike):
         share_tree(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):  # else the next call recovers it
+                    os.replace(old, path)
+                raise
+            _remove(old)
         else:
             os.replace(tmp, path)
         _fsync_dir(path.parent)

@@ -65,8 +65,11 @@ def per_process_batch(global_batch: int, world_size: int) -> int:
 def execution_config(cfg, *, name: str, world_size: int, device_type: str, resume: bool,
                      log_level: str = "WARNING"):
     """A copy of the run's recipe ``cfg`` with what this process needs to execute it (not saved)."""
+    from dpnrepro.segmentation.resume import CHECKPOINT_BACKEND  # registers it with mmengine
+
     run = copy.deepcopy(cfg)
     run.resume = resume
+    run.default_hooks.checkpoint.backend_args = dict(backend=CHECKPOINT_BACKEND)  # iter_<n>.pth written whole
     run.log_level = log_level
     # mmengine singletons (logger, message hub, visualizer) are per name; the Runner appends its start
     # time to ``experiment_name`` for the logger and hub, and the visualizer gets the run's name

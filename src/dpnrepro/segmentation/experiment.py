@@ -124,7 +124,9 @@ def train_and_evaluate(cfg, *, ctx=None, log_level: str = "WARNING") -> dict:
     from mmengine.runner import Runner
 
     from dpnrepro.segmentation.execution import execution_config
-    from dpnrepro.segmentation.resume import safe_mmengine_load
+    from dpnrepro.io import write_text_atomic
+    from dpnrepro.segmentation.resume import safe_mmengine_load, verify_resume_point
+    from dpnrepro.training.checkpoint import DamagedCheckpoint, note_retraining
     from dpnrepro.training.distributed import DistContext, barrier
 
     ctx = ctx or DistContext()
@@ -133,8 +135,13 @@ def train_and_evaluate(cfg, *, ctx=None, log_level: str = "WARNING") -> dict:
         fp = fingerprint(cfg)
         if (work / FINGERPRINT_FILE).exists() and (work / FINGERPRINT_FILE).read_text() != fp:
             shutil.rmtree(work)  # a checkpoint of another recipe: start over
+        try:
+            verify_resume_point(work)
+        except DamagedCheckpoint as exc:
+            note_retraining(exc, work.name)
+            shutil.rmtree(work)
         work.mkdir(parents=True, exist_ok=True)
-        (work / FINGERPRINT_FILE).write_text(fp)
+        write_text_atomic(work / FINGERPRINT_FILE, fp)
     barrier(ctx)
     run_cfg = execution_config(cfg, name=work.name, world_size=ctx.world_size, device_type=ctx.device.type,
                                resume=(work / "last_checkpoint").exists(), log_level=log_level)

@@ -18,22 +18,71 @@ restores them right after mmengine has advanced the data loader past the iterati
 state an uninterrupted run had. Under DDP every rank has its own streams (``diff_rank_seed``, see
 execution.py) while rank 0 alone writes checkpoints, so when a checkpoint is due the hook gathers every
 rank's states first (one ``all_gather_object``) and each rank restores its own on resume.
+
+mmengine's ``CheckpointHook`` writes ``iter_<n>.pth`` in place. The runs' hook writes through
+:class:`AtomicCheckpointBackend` instead (a file backend in mmengine's registry, named by the hook's
+``backend_args``, execution.py): each checkpoint is renamed into place whole, with the umask's mode, and
+its sha256 beside it (``iter_<n>.pth.sha256``); :func:`verify_resume_point` checks the checkpoint that
+``last_checkpoint`` names before a run resumes from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
+from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import Hook
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.registry import HOOKS, LOOPS
 from mmengine.runner import IterBasedTrainLoop
 
+CHECKPOINT_BACKEND = "dpnrepro_atomic"
+LAST_CHECKPOINT = "last_checkpoint"  # mmengine's CheckpointHook: the path of the latest checkpoint
 RNG_KEY = "dpnrepro_rng"
 RANKS_RNG_KEY = "dpnrepro_rng_ranks"  # every rank's states, rank order (jobs of > 1 process)
+
+
+def checksum_file(path: Path) -> Path:
+    return path.with_name(f"{path.name}.sha256")
+
+
+@register_backend(CHECKPOINT_BACKEND)
+class AtomicCheckpointBackend(LocalBackend):
+    """mmengine's local file backend, but a file is written whole or not at all (io.write_bytes_atomic:
+    a full disk leaves no truncated ``iter_<n>.pth`` and names the path), with its sha256 beside it."""
+
+    def put(self, obj: bytes, filepath) -> None:
+        from dpnrepro.io import all_or_nothing, write_bytes_atomic, write_text_atomic
+        from dpnrepro.training.checkpoint import checksums_text
+
+        path = Path(filepath)
+        with all_or_nothing():
+            write_bytes_atomic(path, obj)
+            write_text_atomic(checksum_file(path), checksums_text({path.name: hashlib.sha256(obj).hexdigest()}))
+
+    def remove(self, filepath) -> None:
+        super().remove(filepath)
+        with contextlib.suppress(FileNotFoundError):
+            checksum_file(Path(filepath)).unlink()
+
+
+def verify_resume_point(work: Path) -> None:
+    """Raise :class:`~dpnrepro.training.checkpoint.DamagedCheckpoint` unless the checkpoint that
+    ``work/last_checkpoint`` names (if any) matches its sha256."""
+    from dpnrepro.training.checkpoint import DamagedCheckpoint, verify_checksums
+
+    last = work / LAST_CHECKPOINT
+    if not last.exists():
+        return
+    name = Path(last.read_text(encoding="utf-8", errors="replace").strip()).name
+    if not name:
+        raise DamagedCheckpoint(last, "checksum mismatch")
+    verify_checksums(checksum_file(work / name), (name,))
 
 
 def _numpy_globals() -> list:

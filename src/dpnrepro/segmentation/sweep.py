@@ -6,6 +6,7 @@ files, ``runs/seg`` and the metrics (with the validation set's constant-predicti
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from dpnrepro.artifacts import run_dir as pretraining_run_dir
@@ -16,14 +17,43 @@ from dpnrepro.segmentation.experiment import FINGERPRINT_FILE, RESULT_FILE, fing
 
 CKPT_ROOT, RUNS_ROOT, METRICS = Path("checkpoints/seg"), Path("runs/seg"), Path("metrics/seg.json")
 WEIGHTS = "model.safetensors"
+RUN_FILES = (WEIGHTS, "config.py", RESULT_FILE)  # a completed run's files, copied to runs/seg
+
+
+def _completed(work: Path, fp: str) -> dict | None:
+    """The result of the run completed in ``work`` under fingerprint ``fp``, once its files match their
+    checksums; None where there is none, or where it is damaged (then a line says it is retrained)."""
+    from dpnrepro.training.checkpoint import CHECKSUMS, DamagedCheckpoint, note_retraining, verify_checksums
+
+    fingerprint_file = work / FINGERPRINT_FILE
+    if not (work / RESULT_FILE).exists() or not fingerprint_file.exists() or fingerprint_file.read_text() != fp:
+        return None
+    try:
+        verify_checksums(work / CHECKSUMS, RUN_FILES)
+    except DamagedCheckpoint as exc:
+        note_retraining(exc, work.name)
+        shutil.rmtree(work)
+        return None
+    return json.loads((work / RESULT_FILE).read_text())
+
+
+def _save_run(work: Path, cfg, state: dict, result: dict) -> None:
+    """The run's files (:data:`RUN_FILES`), written together, and their checksums."""
+    from safetensors.torch import save
+
+    from dpnrepro.io import all_or_nothing, write_bytes_atomic, write_json_atomic, write_text_atomic
+    from dpnrepro.training.checkpoint import CHECKSUMS, write_checksums
+
+    with all_or_nothing():
+        write_bytes_atomic(work / WEIGHTS, save(state))
+        write_text_atomic(work / "config.py", cfg.pretty_text)  # the recipe: no execution setting, no history
+        write_json_atomic(work / RESULT_FILE, result)
+    write_checksums(work / CHECKSUMS, [work / name for name in RUN_FILES])
 
 
 def _run(params: Params, stem: str, fraction: str, seed: int, ctx) -> dict:
     """One run's result (from its completed checkpoint directory, or trained now; written by rank 0)."""
-    from safetensors.torch import save_file
-
-    from dpnrepro.io import write_json_atomic
-    from dpnrepro.training.distributed import barrier
+    from dpnrepro.training.distributed import barrier, broadcast_object
 
     seg: SegmentationParams = params.segmentation
     name = run_name(seg.arch, stem, fraction, seed)
@@ -34,18 +64,15 @@ def _run(params: Params, stem: str, fraction: str, seed: int, ctx) -> dict:
     cfg = run_config(seg.config, arch=seg.arch, stem=stem, fraction=fraction, seed=seed, data_root=seg.data_root,
                      work_dir=work, pretrained=pretrained, options=seg.options, device=ctx.device.type)
     fp = fingerprint(cfg)
-    done = work / RESULT_FILE
-    if done.exists() and (work / FINGERPRINT_FILE).read_text() == fp:
-        return json.loads(done.read_text())
+    done = broadcast_object(ctx, _completed(work, fp) if ctx.is_main else None)
+    if done is not None:
+        return done
     out = train_and_evaluate(cfg, ctx=ctx)
     state = out.pop("state_dict")
     result = {"run": name, "stem": stem, "fraction": fraction, "seed": seed,
               "pretrained": str(pretrained) if pretrained else None, "fingerprint": fp, **out}
     if ctx.is_main:
-        save_file(state, str(work / f".{WEIGHTS}.tmp"))
-        (work / f".{WEIGHTS}.tmp").replace(work / WEIGHTS)
-        cfg.dump(str(work / "config.py"))  # the recipe: no execution setting, no process history
-        write_json_atomic(done, result)
+        _save_run(work, cfg, state, result)
     barrier(ctx)  # no rank starts the next run (or reads this one back) before rank 0 has written it
     return result
 
@@ -64,8 +91,6 @@ def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs
     """Train / read back ``runs`` on this process's share of the job (``ctx``; None: one process); with
     ``write_outputs`` rank 0 also writes ``runs/seg`` and ``metrics/seg.json`` (every run of the params
     must then be among ``runs``)."""
-    import shutil
-
     from tqdm import tqdm
 
     from dpnrepro.cli import hardware_label
@@ -80,7 +105,7 @@ def run_sweep(params: Params, runs: list[tuple[str, str, int]], *, write_outputs
     with atomic_dir(RUNS_ROOT) as tmp:
         for r in results:
             (tmp / r["run"]).mkdir()
-            for f in (WEIGHTS, "config.py", RESULT_FILE):
+            for f in RUN_FILES:
                 shutil.copy2(CKPT_ROOT / r["run"] / f, tmp / r["run"] / f)
     seg: SegmentationParams = params.segmentation
     metrics = {

@@ -7,14 +7,19 @@ A training checkpoint is a directory with
   ``meta.json``              step, config fingerprint, optimizer param-group scalars, scheduler,
                              Python RNG state, and what the trainer adds (``extra``: the run's logged
                              curves up to this step, :class:`dpnrepro.training.history.Curves`).
+  ``SHA256SUMS``             the sha256 of each file above (``sha256sum``'s format).
 The directory is built under a temporary name and renamed into place, so a kill at any moment leaves
-either the previous complete checkpoint or the new complete one.
+either the previous complete checkpoint or the new complete one. A checkpoint is a resume cache: one
+whose files do not match their checksums (a truncated file, bytes changed on disk) is not resumed from;
+the run retrains from scratch, as if there were none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 
 import torch
@@ -22,7 +27,68 @@ from safetensors.torch import load_file, save_file
 
 from dpnrepro.artifacts import MODEL_FILE, load_weights, save_weights
 from dpnrepro.errors import CheckpointError
-from dpnrepro.io import atomic_dir, write_json_atomic
+from dpnrepro.io import atomic_dir, recover_dir, write_json_atomic, write_text_atomic
+
+CHECKSUMS = "SHA256SUMS"
+CHECKPOINT_FILES = (MODEL_FILE, "optimizer.safetensors", "rng.safetensors", "meta.json")
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint file that is missing or does not match the checksum written with it."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"checkpoint {path} is damaged ({reason})")
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksums_text(digests: dict[str, str]) -> str:
+    """``sha256sum``'s format: one ``<sha256>  <name>`` line per file."""
+    return "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+
+
+def write_checksums(manifest: str | Path, files: list[Path]) -> None:
+    """Record the sha256 of ``files`` (in ``manifest``'s folder) in ``manifest``, atomically."""
+    write_text_atomic(manifest, checksums_text({Path(f).name: file_sha256(f) for f in files}))
+
+
+def verify_checksums(manifest: str | Path, names: tuple[str, ...]) -> None:
+    """Raise :class:`DamagedCheckpoint` naming the first of ``names`` (files beside ``manifest``) that is
+    missing or does not match the sha256 that ``manifest`` records for it."""
+    manifest = Path(manifest)
+    try:
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DamagedCheckpoint(manifest, "no checksum recorded") from None
+    except UnicodeDecodeError:
+        raise DamagedCheckpoint(manifest, "checksum mismatch") from None
+    recorded = {}
+    for line in lines:
+        digest, sep, name = line.partition("  ")
+        if sep:
+            recorded[name] = digest
+    for name in names:
+        path = manifest.parent / name
+        if name not in recorded:
+            raise DamagedCheckpoint(manifest, "checksum mismatch")
+        if not path.is_file():
+            raise DamagedCheckpoint(path, "missing")
+        if file_sha256(path) != recorded[name]:
+            raise DamagedCheckpoint(path, "checksum mismatch")
+
+
+def note_retraining(exc: DamagedCheckpoint, run: str) -> None:
+    """The one line a run that falls back from a damaged checkpoint prints (stderr)."""
+    print(f"checkpoint {exc.path} is damaged ({exc.reason}); retraining {run} from scratch", file=sys.stderr,
+          flush=True)
+
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
     sd = opt.state_dict()
@@ -70,21 +136,36 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler, step: 
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         save_file(rng, str(tmp / "rng.safetensors"))
         write_json_atomic(tmp / "meta.json", meta)
+        write_checksums(tmp / CHECKSUMS, [tmp / name for name in CHECKPOINT_FILES])
+
+
+def verify_checkpoint(ckpt_dir: str | Path) -> None:
+    """Raise :class:`DamagedCheckpoint` unless every file of the checkpoint matches its checksum."""
+    verify_checksums(Path(ckpt_dir) / CHECKSUMS, CHECKPOINT_FILES)
 
 
 def read_checkpoint_meta(ckpt_dir: str | Path) -> dict | None:
-    path = Path(ckpt_dir) / "meta.json"
-    if not path.exists():
+    """The meta of the checkpoint in ``ckpt_dir`` once every file matches its checksum; None where there is
+    none, or where it is damaged: then one line on stderr says that the run retrains from scratch."""
+    ckpt_dir = Path(ckpt_dir)
+    recover_dir(ckpt_dir)  # a checkpoint left aside by a kill inside atomic_dir
+    if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
         return None
-    return json.loads(path.read_text())
+    try:
+        verify_checkpoint(ckpt_dir)
+    except DamagedCheckpoint as exc:
+        note_retraining(exc, ckpt_dir.name)
+        return None
+    return json.loads((ckpt_dir / "meta.json").read_text())
 
 
 def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, scheduler and RNG states; returns the checkpoint's meta."""
     ckpt_dir = Path(ckpt_dir)
-    meta = read_checkpoint_meta(ckpt_dir)
-    if meta is None:
+    if not (ckpt_dir / "meta.json").exists():
         raise CheckpointError(f"no checkpoint in {ckpt_dir}")
+    verify_checkpoint(ckpt_dir)
+    meta = json.loads((ckpt_dir / "meta.json").read_text())
     load_weights(model, ckpt_dir / MODEL_FILE)
     opt_sd = _unflatten_optimizer(load_file(str(ckpt_dir / "optimizer.safetensors")), meta["optimizer"])
     optimizer.load_state_dict(opt_sd)
