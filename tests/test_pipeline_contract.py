@@ -249,3 +249,18 @@ def test_dvc_status_names_exactly_the_stages_an_edit_reaches(tmp_path):
                 or any(_covers(p, "vtab.lrs") for p in body.get("params", []))}
     assert expected == {"vtab", "lit_train", "lit_evaluate"}  # what a reader of the code expects
     assert changed() == expected
+
+
+def test_the_generator_refuses_malformed_study_params_in_one_line(tmp_path, monkeypatch, capsys):
+    """`python -m dpnrepro.pipeline` on a malformed study/params.yaml: one `error:` line and exit 2, nothing
+    written (was a ParamsError traceback)."""
+    from dpnrepro import pipeline
+    from dpnrepro.errors import ParamsError
+
+    def malformed():
+        raise ParamsError("study/params.yaml: cells.x.image_size 27 is not a multiple of the patch size 7")
+
+    monkeypatch.setattr(pipeline, "render_all", malformed)
+    assert pipeline.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: study/params.yaml") and err.count("\n") == 1

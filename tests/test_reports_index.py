@@ -166,3 +166,21 @@ def test_page_with_a_measurement_names_the_device_and_the_method_per_report():
     assert "from measured img/s (B/16 224 px)" in table1 and "B/16 384 px" in table1
     table4 = next(line for line in gpu.splitlines() if line.startswith("- [Table 4]"))
     assert "measured img/s" not in table4  # LiT
+
+
+def test_a_truncated_committed_summary_is_one_line_naming_it_and_how_to_restore_it(tmp_path, entries):
+    """A damaged metrics file read by the index is a UserError naming the file (was a JSONDecodeError traceback)."""
+    import shutil
+
+    from dpnrepro.errors import UserError
+
+    entry = next(e for e in entries if e.summary)
+    for folder in ("profiles", "configs"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    for rel in {*entry.metrics, entry.summary}:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    (tmp_path / entry.summary).write_text((REPO / entry.summary).read_text()[:40])
+    with pytest.raises(UserError, match=rf"{entry.summary}.*git checkout -- {entry.summary}") as err:
+        index.build_index([entry], tmp_path)
+    assert "\n" not in str(err.value)

@@ -346,7 +346,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 if dvc.yaml is not what the generator writes")
     args = ap.parse_args(argv)
-    files = render_all()
+    from dpnrepro.errors import UserError
+
+    try:
+        files = render_all()
+    except UserError as exc:  # a malformed params file: one line, nothing written
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.check:
         stale = [path.relative_to(ROOT).as_posix() for path, text in files.items()
                  if not path.exists() or path.read_text() != text]

@@ -28,7 +28,6 @@ measurement carries its own ``git_rev`` (the code it timed), which the page repe
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +119,16 @@ def index_inputs(dvc_stages: dict) -> list[str]:
 # Provenance: profile, hardware, seeds, results md5
 
 
+def _committed_json(root: Path, rel: str):
+    """A committed metrics file of a report, read back (missing or damaged: one line saying how to restore it)."""
+    from dpnrepro.io import read_json
+
+    return read_json(root / rel, fix=f"restore it with `git checkout -- {rel}` or rerun the stage that writes it "
+                                     f"(`dvc repro`)")
+
+
 def _sweep_docs(root: Path, entry: ReportEntry) -> list[dict]:
-    return [json.loads((root / p).read_text()) for p in entry.metrics]
+    return [_committed_json(root, p) for p in entry.metrics]
 
 
 def provenance(docs: list[dict]) -> dict:
@@ -381,7 +388,7 @@ def build_index(entries: list[ReportEntry], root: Path = Path("."), *, throughpu
         prov = provenance(docs)
         for hw in prov["hardware"]:
             hardware_ids.setdefault(hw, f"H{len(hardware_ids) + 1}")
-        summary = json.loads((root / entry.summary).read_text()) if entry.summary else {}
+        summary = _committed_json(root, entry.summary) if entry.summary else {}
         paper, ours, deltas = headline(entry.name, summary, docs) if summary else ("—", "—", [])
         title = _title(entry.name)
         if entry.name in workloads:
