@@ -25,7 +25,8 @@ def offline_defaults() -> None:
 
 
 def stage(main):
-    """Decorator for stage entry points: offline, fixed CPU threads (determinism.cpu); a :class:`UserError`
+    """Decorator for stage entry points: offline, refused unless the CPU pins are in force, fixed CPU threads
+    (determinism.cpu); a :class:`UserError`
     or a fault of the machine the user can fix (full disk, file-size limit, read-only or unwritable output
     folder: :func:`fault_message`) becomes ``error: <one line>`` and exit 2, followed under ``dvc repro`` by
     how to restore the outputs DVC removed before running the stage (:func:`restore_hint`); in a worker of a
@@ -35,12 +36,12 @@ def stage(main):
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         offline_defaults()
-        from dpnrepro.determinism.cpu import pin_threads
-
-        pin_threads()
+        from dpnrepro.determinism.cpu import pin_threads, require_pins
         from dpnrepro.errors import UserError
 
         try:
+            require_pins()
+            pin_threads()
             return main(*args, **kwargs)
         except UserError as exc:
             _fail(str(exc))
