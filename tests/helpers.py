@@ -104,7 +104,7 @@ def git_init(project: Path) -> None:
 
 def differing_outputs(ours: dict, committed: dict) -> list[str]:
     """One line per output whose hash differs between two parsed dvc.lock files, or that only one of them
-    records (scripts/lock_diff.py's comparison): ``path: committed <md5> != ours <md5>`` (``missing``)."""
+    records (tools/lock_diff.py's comparison): ``path: committed <md5> != ours <md5>`` (``missing``)."""
     from lock_diff import differing
 
     return [f"{d['path']}: committed {d['a'] or 'missing'} != ours {d['b'] or 'missing'}"

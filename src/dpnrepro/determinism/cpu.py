@@ -32,7 +32,7 @@ write measurements) call :func:`require_pins`, which refuses in one line. The ha
 reports it runs (:func:`library_choices`), not from the environment. ``DPNREPRO_CPU_KERNELS=native``
 opts out of all of it for speed (results reproducible on the same machine only; the label says so);
 ``DPNREPRO_CPU_KERNELS=environment`` takes the switches exactly as the environment sets them (the
-kernel fingerprint's ``--switches`` sweep). Which ops each switch changes: docs/determinism.md#cpu-switches.
+switch sweep of ``tools/kernel_sweep.py``). Which ops each switch changes: docs/determinism.md#cpu-switches.
 """
 
 from __future__ import annotations
