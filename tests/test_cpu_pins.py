@@ -150,3 +150,21 @@ def test_a_study_worker_pins_its_convolution_path_before_it_builds_anything():
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "1"]
+
+
+def test_a_study_worker_refuses_without_the_pins():
+    proc = _python("import torch, dpnrepro\nfrom dpnrepro.study.run import train_and_score\ntrain_and_score({'threads': 1})")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("dpnrepro.determinism.cpu.PinConflict: ") and "torch loaded" in last, proc.stderr
+
+
+def test_a_measuring_tool_started_after_a_late_import_refuses_in_one_line(tmp_path):
+    code = ("import sys, torch, runpy\n"
+            "sys.argv = ['tools/step_levers.py', '--summarize', sys.argv[1]]\n"
+            "runpy.run_path('tools/step_levers.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=stage_env(), capture_output=True,
+                          text=True)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "torch loaded before dpnrepro" in errors[0] and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
