@@ -5,10 +5,12 @@ Found by globbing, so a new script is covered without editing this file: every `
 ``python -m dpnrepro.*`` module with a ``__main__`` block. Each must answer ``--help`` with exit 0 (one
 test, whose failure lists every script with its exit code); a tiny real run follows wherever a cheap one
 exists, and the GPU drivers ``benchmarks/measured/*.sh`` run their CPU dry run of the jobs that call the
-tools (``gpu_smoke.sh``'s dry run is tests/test_gpu_smoke.py's)."""
+tools (``gpu_smoke.sh``'s dry run is tests/test_gpu_smoke.py's). Every stage and tool imports dpnrepro before
+numpy, torch or cv2, so that none refuses for want of the CPU pins."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -85,3 +87,34 @@ def test_run_gpu_dry_run_of_the_trainer_loop_from_a_clean_shell(tmp_path):
 def test_gpu_speed_dry_run_of_a_lever_from_a_clean_shell(tmp_path):
     assert _dry_run_jobs("gpu_speed.sh", "levers", tmp_path, LEVERS="baseline") == {"levers": "rc=0"}
 
+
+
+def _imports_before_dpnrepro(path: Path) -> str:
+    """The module-level imports of ``path`` that run before its first import of dpnrepro, as code."""
+    tree = ast.parse(path.read_text())
+    prefix = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(n.split(".")[0] == "dpnrepro" for n in names):
+                break
+            prefix.append(ast.get_source_segment(path.read_text(), node))
+    return "\n".join(prefix)
+
+
+def test_every_stage_and_tool_imports_dpnrepro_before_the_libraries_that_read_the_pins():
+    """Else it would refuse to run (determinism.cpu.require_pins); only the imports before dpnrepro run here."""
+    from dpnrepro.determinism.cpu import READS_AT_LOAD
+
+    files = sorted([*(REPO / "stages").glob("*.py"), *(REPO / "tools").glob("*.py")])
+    probe = f"\nimport sys\nprint(' '.join(m for m in {READS_AT_LOAD!r} if m in sys.modules))"
+
+    def early(path: Path) -> str:
+        proc = _run([sys.executable, "-c", _imports_before_dpnrepro(path) + probe], cwd=path.parent, timeout=120)
+        return proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        found = dict(zip((p.relative_to(REPO).as_posix() for p in files), pool.map(early, files)))
+    assert not {name: libs for name, libs in found.items() if libs}, found
