@@ -16,7 +16,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 from helpers import REPO, clean_env
 
 TOOLS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tools").glob("*.py"))
@@ -78,12 +77,10 @@ def _dry_run_jobs(script: str, phase: str, tmp_path: Path, **env) -> dict[str, s
     return jobs
 
 
-@pytest.mark.slow
 def test_run_gpu_dry_run_of_the_trainer_loop_from_a_clean_shell(tmp_path):
     assert _dry_run_jobs("run_gpu.sh", "loop", tmp_path) == {"loop_dry": "rc=0"}
 
 
-@pytest.mark.slow
 def test_gpu_speed_dry_run_of_a_lever_from_a_clean_shell(tmp_path):
     assert _dry_run_jobs("gpu_speed.sh", "levers", tmp_path, LEVERS="baseline") == {"levers": "rc=0"}
 
