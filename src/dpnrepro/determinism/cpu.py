@@ -28,9 +28,10 @@ The switches are read when the libraries load, so they cannot be applied late. I
 numpy, torch or cv2 (unless the environment already holds the switches), or under an inherited value that
 differs from a pinned one, leaves the pins out of force with one warning: the models still work as a
 library, but the places where results are made (stage entry points, the study's workers, the tools that
-write measurements) call :func:`require_pins`, which refuses in one line. The hardware label (:func:`describe`) is built from what each library
-reports it runs (:func:`library_choices`), not from the environment. ``DPNREPRO_CPU_KERNELS=native``
-opts out of all of it for speed (results reproducible on the same machine only; the label says so);
+write measurements) call :func:`require_pins`, which refuses in one line. The hardware label
+(:func:`describe`) is built from what each library reports it runs (:func:`library_choices`), not from
+the environment, and says when the pins were not in force. ``DPNREPRO_CPU_KERNELS=native`` opts out of
+all of it for speed (results reproducible on the same machine only; the label says so);
 ``DPNREPRO_CPU_KERNELS=environment`` takes the switches exactly as the environment sets them (the
 switch sweep of ``tools/kernel_sweep.py``). Which ops each switch changes: docs/determinism.md#cpu-switches.
 """
@@ -107,11 +108,6 @@ def pin_instruction_sets() -> None:
     _not_in_force = "; ".join(obstacle)
     warnings.warn(f"dpnrepro's CPU pins are not in force ({obstacle[0]}): fine for library use, but stages and "
                   "measuring tools refuse to run in this process", RuntimeWarning, stacklevel=2)
-
-
-def pins_in_force() -> bool:
-    """True when the pins hold in this process; False also under ``DPNREPRO_CPU_KERNELS`` (an opt-out)."""
-    return _not_in_force is None and not native() and not _as_set()
 
 
 def require_pins() -> None:
