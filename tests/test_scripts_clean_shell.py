@@ -102,10 +102,11 @@ def _imports_before_dpnrepro(path: Path) -> str:
 
 
 def test_every_stage_and_tool_imports_dpnrepro_before_the_libraries_that_read_the_pins():
-    """Else it would refuse to run (determinism.cpu.require_pins); only the imports before dpnrepro run here."""
+    """The test suite's worker scripts too. Else they would refuse to run (determinism.cpu.require_pins); only the imports before dpnrepro run here."""
     from dpnrepro.determinism.cpu import READS_AT_LOAD
 
-    files = sorted([*(REPO / "stages").glob("*.py"), *(REPO / "tools").glob("*.py")])
+    workers = [p for p in (REPO / "tests").glob("*.py") if 'if __name__ == "__main__":' in p.read_text()]
+    files = sorted([*(REPO / "stages").glob("*.py"), *(REPO / "tools").glob("*.py"), *workers])
     probe = f"\nimport sys\nprint(' '.join(m for m in {READS_AT_LOAD!r} if m in sys.modules))"
 
     def early(path: Path) -> str:
