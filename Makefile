@@ -19,7 +19,7 @@ PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-load
 .PHONY: env repro test test-fast pr-report profile clean gpu-carry
 
 env:
-	bash scripts/setup_env.sh
+	bash tools/setup_env.sh
 
 repro: env
 	$(BIN)/dvc repro
@@ -50,7 +50,7 @@ profile:
 # .gpu_carry/ (git-ignored) for a GPU machine without network (benchmarks/measured/README.md): the wheels its
 # Python 3.12 + torch 2.11 environment lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
 gpu-carry: env
-	$(BIN)/python scripts/gpu_carry.py $(GPU_CARRY_ARGS)
+	$(BIN)/python tools/gpu_carry.py $(GPU_CARRY_ARGS)
 
 clean:
 	rm -rf data runs checkpoints

@@ -65,22 +65,32 @@ def write_params(project: Path, params: dict) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def clean_env(**extra: str) -> dict:
+    """What a user's fresh shell hands a script: PATH (the venv's bin first), HOME, LANG and TMPDIR, nothing
+    else of this test process (no CPU pins, no thread settings), plus ``extra``."""
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+           "HOME": os.environ.get("HOME", "/tmp"), "LANG": os.environ.get("LANG", "C.UTF-8")}
+    if "TMPDIR" in os.environ:
+        env["TMPDIR"] = os.environ["TMPDIR"]
+    return {**env, **extra}
+
+
 def stage_env(no_thread_pin: bool = False) -> dict:
-    """The environment of stage subprocesses: offline, the venv first on PATH. Tests run stages on one
-    thread (DPNREPRO_CPU_THREADS=1) to share the cores; ``no_thread_pin`` keeps the project's own pin,
+    """The environment of stage subprocesses: a clean one (:func:`clean_env`), offline. Tests run stages on
+    one thread (DPNREPRO_CPU_THREADS=1) to share the cores; ``no_thread_pin`` keeps the project's own pin,
     as the committed smoke results were made with it."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DVC_NO_ANALYTICS="1",
-               PYTHONUNBUFFERED="1", DPNREPRO_CPU_THREADS="1", OMP_NUM_THREADS="1")
-    if no_thread_pin:
-        for key in ("DPNREPRO_CPU_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.pop(key, None)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env = clean_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DVC_NO_ANALYTICS="1", PYTHONUNBUFFERED="1",
+                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    if not no_thread_pin:
+        env.update(DPNREPRO_CPU_THREADS="1", OMP_NUM_THREADS="1")
     return env
 
 
-def run(cmd: list[str], cwd: Path, check: bool = True, no_thread_pin: bool = False,
+def run(cmd: list[str], cwd: Path, check: bool = True, no_thread_pin: bool = False, env: dict | None = None,
         **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=stage_env(no_thread_pin), capture_output=True, text=True, **kw)
+    """Run ``cmd`` in ``cwd`` under ``env`` (default :func:`stage_env`); ``check``: fail with its output."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env if env is not None else stage_env(no_thread_pin),
+                          capture_output=True, text=True, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -107,7 +117,7 @@ def git_init(project: Path) -> None:
 
 def differing_outputs(ours: dict, committed: dict) -> list[str]:
     """One line per output whose hash differs between two parsed dvc.lock files, or that only one of them
-    records (scripts/lock_diff.py's comparison): ``path: committed <md5> != ours <md5>`` (``missing``)."""
+    records (tools/lock_diff.py's comparison): ``path: committed <md5> != ours <md5>`` (``missing``)."""
     from lock_diff import differing
 
     return [f"{d['path']}: committed {d['a'] or 'missing'} != ours {d['b'] or 'missing'}"

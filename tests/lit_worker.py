@@ -12,6 +12,8 @@ directory, on :func:`stage_params` with the tower and corpus of :func:`fake_stag
 
 from __future__ import annotations
 
+import dpnrepro  # noqa: F401,I001  (first: its CPU pins must be in place before numpy and torch load)
+
 import argparse
 import json
 from pathlib import Path

@@ -1,6 +1,8 @@
-"""The CPU pins cannot be silently off: a library loaded before dpnrepro, or an inherited value that
-differs from the pinned one, stops the process in one line (exit 2); the label says what the libraries
-report they run."""
+"""The CPU pins cannot be silently off where results are made. A library loaded before dpnrepro, or an
+inherited value that differs from the pinned one, leaves them out of force with one warning: the models
+still work as a library, while stages (and every other caller of require_pins) refuse in one line (exit 2)
+with nothing written. The label says what the libraries report they run. Each subprocess starts from a
+clean environment (no pins inherited from this test process)."""
 
 from __future__ import annotations
 
@@ -8,38 +10,80 @@ import subprocess
 import sys
 
 import pytest
-from helpers import stage_env
+from helpers import REPO, clean_env, copy_project, stage_env
 
 from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV
 
+REQUIRE = "from dpnrepro.determinism.cpu import require_pins; require_pins(); print('in force')"
 
-def _python(code: str, **env) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in stage_env().items() if k not in INSTRUCTION_SET_ENV and k != KERNELS_ENV}
-    return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True)
+
+def _python(code: str, cwd=REPO, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=clean_env(**env), capture_output=True, text=True)
+
+
+def test_torch_and_timm_first_then_the_models_register_and_run_with_one_warning():
+    """A researcher's own code imports torch first: dpnrepro's models register and compute, with one warning."""
+    code = ("import torch, timm\n"
+            "import dpnrepro.models\n"
+            "model = timm.create_model('vit_base_patch16_dpn', img_size=32, patch_size=16, embed_dim=24, depth=1,\n"
+            "                          num_heads=2, num_classes=3).eval()\n"
+            "with torch.no_grad():\n"
+            "    print(tuple(model(torch.zeros(2, 3, 32, 32)).shape))\n")
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(2, 3)"
+    assert proc.stderr.count("Warning") == 1 and "pins are not in force" in proc.stderr
 
 
 @pytest.mark.parametrize("first", ["numpy", "torch", "cv2"])
-def test_importing_dpnrepro_after_a_library_that_reads_the_pins_is_refused(first):
-    proc = _python(f"import {first}; import dpnrepro")
+def test_after_a_library_that_reads_the_pins_require_pins_refuses_in_one_line(first):
+    proc = _python(f"import {first}; import dpnrepro; {REQUIRE}")
+    assert proc.returncode == 1 and "PinConflict" in proc.stderr and f"{first} loaded before dpnrepro" in proc.stderr
+    assert _python(f"import dpnrepro, {first}; {REQUIRE}").stdout.strip() == "in force"
+
+
+def _files(root) -> dict:
+    return {path: path.stat().st_mtime_ns for path in root.rglob("*") if path.is_file()}
+
+
+def test_a_stage_started_after_a_late_import_refuses_in_one_line_and_writes_nothing(tmp_path):
+    project = copy_project(tmp_path)
+    before = _files(project)
+    code = "import torch, runpy; runpy.run_path('stages/table4.py', run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=project, env=stage_env(), capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and f"{first} loaded before dpnrepro" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "torch loaded before dpnrepro" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _files(project) == before
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1"])
+def test_a_bad_thread_count_is_one_line_under_a_stage(tmp_path, value):
+    project = copy_project(tmp_path)
+    proc = subprocess.run([sys.executable, "stages/table4.py"], cwd=project,
+                          env={**stage_env(), "DPNREPRO_CPU_THREADS": value}, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith(f"error: DPNREPRO_CPU_THREADS={value!r}")
 
 
 def test_a_library_loaded_first_is_fine_when_the_environment_holds_the_pins():
-    proc = _python("import numpy, dpnrepro", **INSTRUCTION_SET_ENV)
+    proc = _python(f"import numpy, dpnrepro; {REQUIRE}", **INSTRUCTION_SET_ENV)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "in force" and "Warning" not in proc.stderr
 
 
 @pytest.mark.parametrize("key, value", [("OMP_DYNAMIC", "TRUE"), ("OPENBLAS_CORETYPE", "SkylakeX"),
                                         ("NPY_DISABLE_CPU_FEATURES", ""), ("MKL_CBWR", "AUTO")])
 def test_an_inherited_value_that_differs_is_refused(key, value):
-    proc = _python("import dpnrepro", **{key: value})
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and f"{key}={value!r}" in proc.stderr and KERNELS_ENV in proc.stderr
+    proc = _python(f"import dpnrepro; {REQUIRE}", **{key: value})
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("dpnrepro.determinism.cpu.PinConflict") and f"{key}={value!r}" in last and KERNELS_ENV in last
 
 
 def test_the_same_value_in_another_case_is_accepted():
-    assert _python("import dpnrepro", OMP_DYNAMIC="false").returncode == 0
+    assert _python(f"import dpnrepro; {REQUIRE}", OMP_DYNAMIC="false").stdout.strip() == "in force"
 
 
 def test_native_opts_out_and_the_label_says_so():
@@ -47,6 +91,12 @@ def test_native_opts_out_and_the_label_says_so():
                    OMP_DYNAMIC="TRUE", **{KERNELS_ENV: "native"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("native kernels (this machine only)")
+
+
+def test_the_label_says_when_the_pins_are_not_in_force():
+    proc = _python("import torch, dpnrepro; from dpnrepro.determinism.cpu import describe; print(describe())")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("CPU pins not in force (this machine only): ")
 
 
 def test_the_label_is_what_the_libraries_report():
@@ -100,3 +150,21 @@ def test_a_study_worker_pins_its_convolution_path_before_it_builds_anything():
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "1"]
+
+
+def test_a_study_worker_refuses_without_the_pins():
+    proc = _python("import torch, dpnrepro\nfrom dpnrepro.study.run import train_and_score\ntrain_and_score({'threads': 1})")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("dpnrepro.determinism.cpu.PinConflict: ") and "torch loaded" in last, proc.stderr
+
+
+def test_a_measuring_tool_started_after_a_late_import_refuses_in_one_line(tmp_path):
+    code = ("import sys, torch, runpy\n"
+            "sys.argv = ['tools/step_levers.py', '--summarize', sys.argv[1]]\n"
+            "runpy.run_path('tools/step_levers.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=stage_env(), capture_output=True,
+                          text=True)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "torch loaded before dpnrepro" in errors[0] and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -123,15 +123,16 @@ def test_switch_is_set_before_the_process_group_is_created(monkeypatch, restore_
 def test_cpu_kernels_are_pinned_in_every_process_that_imports_dpnrepro():
     """ATen, MKL, oneDNN, NumPy, OpenBLAS and OpenCV dispatch by CPU unless pinned; a stage pins them, its
     threads and its convolution path (what each library then reports: tests/test_kernel_fingerprint.py)."""
-    from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV
+    from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV
 
     probe = ("import dpnrepro, torch, os, json\n"
              "from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, pin_threads\n"
              "pin_threads()\n"
              "print(json.dumps([torch.backends.cpu.get_cpu_capability(), {k: os.environ[k] for k in INSTRUCTION_SET_ENV},"
              " torch.get_num_threads(), torch.backends.mkldnn.enabled]))")
-    env = {k: v for k, v in os.environ.items() if k not in (*INSTRUCTION_SET_ENV, KERNELS_ENV, "DPNREPRO_CPU_THREADS")}
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    from helpers import clean_env
+
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=clean_env(), capture_output=True, text=True, check=True)
     capability, pinned, threads, onednn = json.loads(out.stdout.strip().splitlines()[-1])
     assert (capability, threads, onednn) == ("AVX2", 2, False)
     assert pinned == INSTRUCTION_SET_ENV and pinned["MKL_CBWR"] == "COMPATIBLE,STRICT"

@@ -206,7 +206,7 @@ def test_make_profile_sets_up_before_it_touches_params_yaml():
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     dry = subprocess.run(["make", "-n", "profile", "PROFILE=mini"], cwd=REPO, capture_output=True, text=True,
                          check=True, env=env).stdout.splitlines()
-    setup = [i for i, line in enumerate(dry) if "scripts/setup_env.sh" in line]
+    setup = [i for i, line in enumerate(dry) if "tools/setup_env.sh" in line]
     copy = [i for i, line in enumerate(dry) if line.startswith("cp profiles/mini.yaml params.yaml")]
     assert copy and setup and setup[0] < copy[0], "make profile must run the set-up first:\n" + "\n".join(dry)
     before = (REPO / "params.yaml").read_bytes()

@@ -1,4 +1,4 @@
-"""scripts/gpu_carry.py: what pip resolved is filtered against the GPU machine's packages; the torch it resolves against."""
+"""tools/gpu_carry.py: what pip resolved is filtered against the GPU machine's packages; the torch it resolves against."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import zipfile
 
 from helpers import REPO
 
-spec = importlib.util.spec_from_file_location("gpu_carry", REPO / "scripts/gpu_carry.py")
+spec = importlib.util.spec_from_file_location("gpu_carry", REPO / "tools/gpu_carry.py")
 gpu_carry = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_carry)
 

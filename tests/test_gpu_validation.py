@@ -101,7 +101,7 @@ def test_set_params_edits_yaml_keys_and_refuses_what_the_schema_refuses(tmp_path
     from helpers import REPO, stage_env
 
     shutil.copy(REPO / "profiles/mini.yaml", tmp_path / "params.yaml")
-    cmd = [sys.executable, str(REPO / "scripts/set_params.py"), "--file", str(tmp_path / "params.yaml")]
+    cmd = [sys.executable, str(REPO / "tools/set_params.py"), "--file", str(tmp_path / "params.yaml")]
     ok = subprocess.run([*cmd, "runtime.workers=14", "runtime.compile=true"], env=stage_env(), capture_output=True,
                         text=True)
     assert ok.returncode == 0, ok.stderr

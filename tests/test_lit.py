@@ -40,8 +40,10 @@ def test_tokenizer_works_offline_from_the_vocab_in_the_wheel():
     code = ("from dpnrepro.lit.towers import tokenizer\n"
             "t = tokenizer(16)(['a photo of a sandal', 'ankle boot'])\n"
             "print(t.shape[0], t.shape[1], int(t[0, 0]), int(t[1, 3]), int(t[1, 4]))\n")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", https_proxy="http://127.0.0.1:9",
-               http_proxy="http://127.0.0.1:9", PYTHONPATH=str(REPO / "src"))
+    from helpers import clean_env
+
+    env = clean_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", https_proxy="http://127.0.0.1:9",
+                    http_proxy="http://127.0.0.1:9", PYTHONPATH=str(REPO / "src"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     # <start>=49406 first; "ankle boot" is two BPE tokens, then <end>=49407, then 0-padding
     assert out.stdout.split() == ["2", "16", "49406", "49407", "0"]

@@ -1,4 +1,4 @@
-"""scripts/lock_diff.py: the outputs whose hashes differ between two dvc.lock files."""
+"""tools/lock_diff.py: the outputs whose hashes differ between two dvc.lock files."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _lock(path, **stages):
 
 
 def _diff(a, b, *extra):
-    return subprocess.run([sys.executable, str(REPO / "scripts/lock_diff.py"), str(a), str(b), *extra],
+    return subprocess.run([sys.executable, str(REPO / "tools/lock_diff.py"), str(a), str(b), *extra],
                           capture_output=True, text=True)
 
 

@@ -625,7 +625,6 @@ def test_stem_input_checks_survive_scripting_and_tracing():
 
 
 def test_import_dpnrepro_alone_registers_the_family():
-    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -635,8 +634,9 @@ def test_import_dpnrepro_alone_registers_the_family():
             'm = timm.create_model("vit_mu_patch4_linear", img_size=8, num_classes=3)\n'
             'print(type(m).__module__)')
     src = str(Path(__file__).resolve().parents[1] / 'src')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get('PYTHONPATH')])),
-               OMP_NUM_THREADS='1')
+    from helpers import clean_env
+
+    env = clean_env(PYTHONPATH=src, OMP_NUM_THREADS='1')
     out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == 'dpnrepro.models.vision_transformer_dpn'

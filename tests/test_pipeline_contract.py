@@ -14,7 +14,7 @@ import yaml
 from dpnrepro import pipeline
 from dpnrepro.codedeps import code_deps, code_files
 from dpnrepro.config.sweeps import SWEEPS
-from helpers import REPO
+from helpers import REPO, clean_env
 
 PAPER_STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 BENCHMARK_STAGES = yaml.safe_load((REPO / "benchmarks/dvc.yaml").read_text())["stages"]
@@ -98,7 +98,8 @@ def test_every_module_a_stage_loads_is_among_its_code_deps(script):
         f"                       if (getattr(m, '__file__', None) or '').startswith(({str(REPO / 'src')!r},\n"
         f"                                                                          {str(REPO / 'stages')!r})))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                         check=True)
     loaded = {str(__import__("pathlib").Path(f).relative_to(REPO)) for f in json.loads(out.stdout.splitlines()[-1])}
     assert loaded <= set(code_files(script)), sorted(loaded - set(code_files(script)))
     name, body = next((name, body) for name, body in STAGES.items() if script in _scripts(body))

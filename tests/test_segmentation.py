@@ -110,7 +110,9 @@ def test_backbone_is_found_through_custom_imports_in_a_config_file(tmp_path):
             "from mmseg.utils import register_all_modules; register_all_modules(); "
             "m = MODELS.build(cfg.model); print(type(m.backbone).__name__, m.backbone.vit.stem, "
             "type(m.decode_head).__name__, m.decode_head.num_convs)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    from helpers import clean_env
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=clean_env())
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["DPNVisionTransformer", "post_posemb", "FCNHead", "0"]
 

@@ -1,6 +1,6 @@
 """The segmentation stack (appendix D, ADE20k with mmsegmentation) is installed and works on CPU.
 
-The environment must provide mmcv 2.1.0 WITH its compiled ops (``scripts/build_mmcv.sh``): these
+The environment must provide mmcv 2.1.0 WITH its compiled ops (``tools/build_mmcv.sh``): these
 tests fail, never skip, when it does not.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _require(name: str):
         return importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - any import failure means the stack is broken
         problem = f"{type(exc).__name__}: {exc}"
-    pytest.fail(f"cannot import {name} ({problem}); run `bash scripts/build_mmcv.sh` in the virtual "
+    pytest.fail(f"cannot import {name} ({problem}); run `bash tools/build_mmcv.sh` in the virtual "
                 "environment (mmsegmentation needs mmcv 2.1.0 with its compiled ops)", pytrace=False)
 
 

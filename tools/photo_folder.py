@@ -13,12 +13,15 @@ seeded integer in [400, 500] px, and encoded as baseline JPEG at quality 90 (Ima
 
 from __future__ import annotations
 
+import dpnrepro  # noqa: F401,I001  (first: its CPU pins must be in place before numpy and torch load)
+
 import io
 import os
 from pathlib import Path
 
 import numpy as np
 
+from dpnrepro.cli import measurement
 from dpnrepro.errors import UserError
 
 AREA = (0.4, 1.0)
@@ -113,3 +116,22 @@ def write_photo_folder(out: str | os.PathLike, n_train: int, n_val: int = 0, see
             sizes = [_write_block(b) for b in tqdm(blocks, **bar)]
         stats["splits"][split] = {"images": n, "jpeg_bytes": int(sum(sizes))}
     return stats
+
+
+@measurement
+def main(argv=None) -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the folder to write (<out>/{train,validation}/<class>/<k>.jpg)")
+    ap.add_argument("--train", type=int, required=True, help="training images")
+    ap.add_argument("--val", type=int, default=0, help="validation images")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1)
+    args = ap.parse_args(argv)
+    print(json.dumps(write_photo_folder(args.out, args.train, args.val, seed=args.seed, workers=args.workers)))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from dpnrepro.cli import measurement
+
 LEVERS = {
     "baseline": {},
     "sdpa_cudnn": {"sdpa_backend": "cudnn"},
@@ -77,6 +79,7 @@ def summarize(out_dir: Path) -> dict:
     return out
 
 
+@measurement
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="B-16")

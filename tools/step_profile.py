@@ -9,12 +9,16 @@ kernel time is bound by the host (Python, dispatch, launches), not by the GPU.
 
 from __future__ import annotations
 
+import dpnrepro  # noqa: F401,I001  (first: its CPU pins must be in place before numpy and torch load)
+
 import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
+
+from dpnrepro.cli import measurement
 
 
 def profile_step(arch: str, stem: str = "dpn", *, batch_size: int = 256, img_size: int = 224, steps: int = 10,
@@ -57,6 +61,7 @@ def profile_step(arch: str, stem: str = "dpn", *, batch_size: int = 256, img_siz
             "top_host_ops": rows("self_cpu_time_total"), "top_device_ops": rows("self_device_time_total")}
 
 
+@measurement
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="Ti-16")

@@ -15,6 +15,8 @@ the two is how much of the step's speed the input pipeline keeps.
 
 from __future__ import annotations
 
+import dpnrepro  # noqa: F401,I001  (first: its CPU pins must be in place before numpy and torch load)
+
 import argparse
 import json
 import os
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from dpnrepro.cli import measurement
 from dpnrepro.errors import UserError
 
 
@@ -68,6 +71,7 @@ def measure_trainer_loop(arch: str, stem: str, *, batch_size: int, steps: int, w
             "wall_s_with_warmup": total}
 
 
+@measurement
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", required=True)

@@ -10,7 +10,7 @@
 # 2. `dvc repro TARGETS` (default: the whole pipeline) in every copy at once, each from its own empty DVC and
 #    datasets cache, on its share of the cores (taskset), the one GPU shared; each output line timestamped, so
 #    RES/stage_times_<copy>.json has the wall time of every stage.
-# 3. scripts/lock_diff.py: the outputs whose dvc.lock hashes differ between the copies (RES/lock_diff.*).
+# 3. tools/lock_diff.py: the outputs whose dvc.lock hashes differ between the copies (RES/lock_diff.*).
 # 4. Copy a's model stages (train-*, evaluate-*, segment, vtab, sun397_scratch, lit_train, lit_evaluate) packed as
 #    a local DVC remote: $OUT/smoke_artifacts.tar.gz[.partNN] (python tools/dvc_pack.py pack), with its
 #    tables, figures and metrics as the files a CPU checkout of the same revision must regenerate byte for byte:
@@ -66,7 +66,7 @@ fi
 if [ "$DRY" != 1 ] && ! "$PY" -c "import mmcv.ops" 2>/dev/null && ls "$CARRY"/mmcv-src/mmcv-*.tar.gz >/dev/null 2>&1; then
   t=$(date +%s)
   CUDA_VISIBLE_DEVICES= MMCV_SDIST=$(ls "$CARRY"/mmcv-src/mmcv-*.tar.gz | head -1) PIP_TARGET=/tmp/site PY=$PY \
-    MAX_JOBS=$CPUS bash scripts/build_mmcv.sh > "$RES/build_mmcv.log" 2>&1
+    MAX_JOBS=$CPUS bash tools/build_mmcv.sh > "$RES/build_mmcv.log" 2>&1
   log_job build_mmcv $? $(( $(date +%s) - t ))
 fi
 "$PY" - "$RES/env.json" "$DEV" <<'PY'
@@ -89,7 +89,7 @@ for c in $(seq 0 $(( COPIES - 1 ))); do
     --exclude=./.dvc/config.local -cf - . | tar -C "$d" -xf - || exit 1
   rm -f "$d/dvc.lock"  # the committed lock is the CPU run's: this run's lock holds only what it ran
   cp "${PARAMS:-profiles/smoke.yaml}" "$d/params.yaml" || exit 1
-  (cd "$d" && "$PY" scripts/set_params.py train.device=$DEV segmentation.device=$DEV lit.train.device=$DEV \
+  (cd "$d" && "$PY" tools/set_params.py train.device=$DEV segmentation.device=$DEV lit.train.device=$DEV \
      && "$PY" -m dpnrepro.pipeline > /dev/null \
      && git init -q && git add -A && git -c user.name=gpu -c user.email=gpu@localhost commit -qm "$GIT_REV") || exit 1
 done
@@ -110,7 +110,7 @@ for p in "${pids[@]}"; do wait "$p" || failed=1; done
 
 # --- 3. every output hash of the copies compared ---------------------------------------------------------------
 for c in $(seq 1 $(( COPIES - 1 ))); do
-  "$PY" scripts/lock_diff.py "$WORK/copy0/dvc.lock" "$WORK/copy$c/dvc.lock" --json "$RES/lock_diff_copy$c.json" \
+  "$PY" tools/lock_diff.py "$WORK/copy0/dvc.lock" "$WORK/copy$c/dvc.lock" --json "$RES/lock_diff_copy$c.json" \
     | tee "$RES/lock_diff_copy$c.txt"
 done
 

@@ -38,7 +38,7 @@ trap 'exit 130' INT TERM
 make_params() {  # make_params PROFILE KEY=VALUE...: params.yaml as `make profile` makes it, then a YAML-aware edit
   local profile=$1; shift
   cp "profiles/$profile.yaml" params.yaml || return 1
-  [ $# -gt 0 ] && { $PY scripts/set_params.py "$@" || return 1; }
+  [ $# -gt 0 ] && { $PY tools/set_params.py "$@" || return 1; }
   $PY -m dpnrepro.pipeline || return 1
 }
 

@@ -1,16 +1,11 @@
 """dpnrepro: a reproducibility harness for Dual PatchNorm (Kumar, Dehghani, Houlsby, TMLR 2023)."""
 
-import sys as _sys
-
 from dpnrepro.determinism import cpu as _cpu_determinism
 
 # Before numpy, torch or cv2 load: pin the kernels they dispatch to, so CPU results do not depend on the
-# CPU model or vendor (src/dpnrepro/determinism/cpu.py); refused in one line where they cannot be in force.
-try:
-    _cpu_determinism.pin_instruction_sets()
-except _cpu_determinism.PinConflict as _e:
-    print(f"dpnrepro: {_e}", file=_sys.stderr)
-    raise SystemExit(2) from None
+# CPU model or vendor (src/dpnrepro/determinism/cpu.py). Where they cannot take effect any more, this
+# warns once; the places where results are made refuse (determinism.cpu.require_pins).
+_cpu_determinism.pin_instruction_sets()
 
 __version__ = "0.1.0"
 

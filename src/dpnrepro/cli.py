@@ -26,22 +26,32 @@ def offline_defaults() -> None:
 
 
 def stage(main):
-    """Decorator for stage entry points: offline, fixed CPU threads (determinism.cpu); a :class:`UserError`
-    or a fault of the machine the user can fix (full disk, file-size limit, read-only or unwritable output
-    folder: :func:`fault_message`) becomes ``error: <one line>`` and exit 2, followed under ``dvc repro`` by
+    """Decorator for stage entry points: offline, refused unless the CPU pins are in force, fixed CPU threads
+    (determinism.cpu); a :class:`UserError` or a fault of the machine the user can fix (full disk, file-size
+    limit, read-only or unwritable output folder: :func:`fault_message`) becomes ``error: <one line>`` and exit 2, followed under ``dvc repro`` by
     how to restore the outputs DVC removed before running the stage (:func:`restore_hint`); in a worker of a
     multi-process job, a collective broken by another process's death becomes one line and exit 1
     (training/launch.py)."""
+    return _entry_point(main, pin_threads=True)
 
+
+def measurement(main):
+    """Decorator for the tools that write a measurement (``tools/*.py``): as :func:`stage` (offline, refused
+    unless the CPU pins are in force, one-line errors) but the tool keeps the thread count it sets itself."""
+    return _entry_point(main, pin_threads=False)
+
+
+def _entry_point(main, *, pin_threads: bool):
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         offline_defaults()
-        from dpnrepro.determinism.cpu import pin_threads
-
-        pin_threads()
+        from dpnrepro.determinism import cpu
         from dpnrepro.errors import UserError
 
         try:
+            cpu.require_pins()
+            if pin_threads:
+                cpu.pin_threads()
             return main(*args, **kwargs)
         except UserError as exc:
             _fail(str(exc))

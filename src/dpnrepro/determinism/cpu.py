@@ -24,13 +24,16 @@ that imports :mod:`dpnrepro` (all stages, torchrun workers, tests) before any of
   and resizes; turning either off changes none of their bits on an AVX-512 CPU, and the fingerprint
   hashes those ops, so a CPU where they differ fails its test.
 
-The switches are read when the libraries load, so they cannot be applied late: importing dpnrepro after
-numpy, torch or cv2 is refused (unless the environment already holds them), and so is an inherited value
-that differs from the pinned one. The hardware label (:func:`describe`) is built from what each library
-reports it runs (:func:`library_choices`), not from the environment. ``DPNREPRO_CPU_KERNELS=native``
-opts out of all of it for speed (results reproducible on the same machine only; the label says so);
+The switches are read when the libraries load, so they cannot be applied late. Importing dpnrepro after
+numpy, torch or cv2 (unless the environment already holds the switches), or under an inherited value that
+differs from a pinned one, leaves the pins out of force with one warning: the models still work as a
+library, but the places where results are made (stage entry points, the study's workers, the tools that
+write measurements) call :func:`require_pins`, which refuses in one line. The hardware label
+(:func:`describe`) is built from what each library reports it runs (:func:`library_choices`), not from
+the environment, and says when the pins were not in force. ``DPNREPRO_CPU_KERNELS=native`` opts out of
+all of it for speed (results reproducible on the same machine only; the label says so);
 ``DPNREPRO_CPU_KERNELS=environment`` takes the switches exactly as the environment sets them (the
-kernel fingerprint's ``--switches`` sweep). Which ops each switch changes: docs/determinism.md#cpu-switches.
+switch sweep of ``tools/kernel_sweep.py``). Which ops each switch changes: docs/determinism.md#cpu-switches.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
+
+from dpnrepro.errors import UserError
 
 INSTRUCTION_SET_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
@@ -58,8 +64,12 @@ THREADS_ENV = "DPNREPRO_CPU_THREADS"
 KERNELS_ENV = "DPNREPRO_CPU_KERNELS"  # "native" | "environment" | unset (the pins)
 
 
-class PinConflict(RuntimeError):
-    """The pins cannot be in force in this process (a library loaded first, or a conflicting value)."""
+class PinConflict(UserError):
+    """The pins are not in force in this process (a library loaded first, or a conflicting value)."""
+
+
+# Why the pins are not in force in this process and what to do (None: in force, or opted out by KERNELS_ENV).
+_not_in_force: str | None = None
 
 
 def native() -> bool:
@@ -70,22 +80,55 @@ def _as_set() -> bool:
     return os.environ.get(KERNELS_ENV, "").lower() == "environment"
 
 
-def pin_instruction_sets() -> None:
-    """Put the switches in this process's environment before the libraries that read them load."""
-    if native() or _as_set():
-        return
+def _pin_obstacle() -> tuple[str, str] | None:
+    """``(cause, fix)`` when the switches cannot take effect in this process now, or None when they can."""
     differ = {k: os.environ[k] for k, v in INSTRUCTION_SET_ENV.items() if os.environ.get(k, v).strip().upper() != v.upper()}
     if differ:
-        raise PinConflict(
-            "the environment sets " + ", ".join(f"{k}={v!r}" for k, v in differ.items())
-            + f" where dpnrepro pins {', '.join(f'{k}={INSTRUCTION_SET_ENV[k]!r}' for k in differ)}: "
-            f"unset it, or set {KERNELS_ENV}=native for this machine's own kernels (no cross-machine guarantee)")
+        return ("the environment sets " + ", ".join(f"{k}={v!r}" for k, v in differ.items())
+                + f" where dpnrepro pins {', '.join(f'{k}={INSTRUCTION_SET_ENV[k]!r}' for k in differ)}",
+                f"unset it, or set {KERNELS_ENV}=native for this machine's own kernels (no cross-machine guarantee)")
     loaded = [m for m in READS_AT_LOAD if m in sys.modules]
     if loaded and any(k not in os.environ for k in INSTRUCTION_SET_ENV):
-        raise PinConflict(
-            f"{', '.join(loaded)} loaded before dpnrepro, so its CPU pins cannot take effect: import dpnrepro "
-            f"first, or set them in the environment ({' '.join(f'{k}={v!r}' for k, v in INSTRUCTION_SET_ENV.items())})")
-    os.environ.update(INSTRUCTION_SET_ENV)
+        return (f"{', '.join(loaded)} loaded before dpnrepro, so its CPU pins cannot take effect",
+                "import dpnrepro first, or set them in the environment "
+                f"({' '.join(f'{k}={v!r}' for k, v in INSTRUCTION_SET_ENV.items())})")
+    return None
+
+
+def pin_instruction_sets() -> None:
+    """Put the switches in this process's environment before the libraries that read them load; where they
+    cannot take effect, record why (:func:`require_pins`) and warn once."""
+    global _not_in_force
+    if native() or _as_set():
+        return
+    obstacle = _pin_obstacle()
+    if obstacle is None:
+        os.environ.update(INSTRUCTION_SET_ENV)
+        return
+    _not_in_force = "; ".join(obstacle)
+    warnings.warn(f"dpnrepro's CPU pins are not in force ({obstacle[0]}): fine for library use, but stages and "
+                  "measuring tools refuse to run in this process", RuntimeWarning, stacklevel=2)
+
+
+def require_pins() -> None:
+    """Raise :class:`PinConflict` (one line) when the pins are not in force; the places where results are made
+    call this first. ``DPNREPRO_CPU_KERNELS=native|environment`` is an explicit opt-out (the label says so)."""
+    if _not_in_force is not None and not native() and not _as_set():
+        raise PinConflict(_not_in_force)
+
+
+def thread_count(default: int = CPU_THREADS) -> int:
+    """The intra-op thread count: ``DPNREPRO_CPU_THREADS`` (a positive integer), else ``default``."""
+    raw = os.environ.get(THREADS_ENV)
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UserError(f"{THREADS_ENV}={raw!r} is not a positive number of threads; unset it for the pinned {default}")
+    return n
 
 
 def route_convolutions() -> None:
@@ -100,9 +143,9 @@ def route_convolutions() -> None:
 def pin_threads(default: int = CPU_THREADS) -> int:
     """Fix torch's intra-op thread count (``DPNREPRO_CPU_THREADS``, else ``default``) and the convolution path;
     stage entry points and every worker process that computes results call this. Returns the count."""
+    n = thread_count(default)
     import torch
 
-    n = int(os.environ.get(THREADS_ENV, default))
     torch.set_num_threads(n)
     route_convolutions()
     return n
@@ -176,5 +219,9 @@ def describe() -> str:
         label = (f"ATen {c['aten']}, MKL {c['mkl_branch']}, NumPy {c['numpy_dispatch']}, "
                  f"OpenBLAS {c['openblas_core']}, convolutions {'oneDNN' if c['mkldnn_conv'] == 'True' else 'im2col'}, "
                  f"{n} threads")
-        _LABEL[key] = f"native kernels (this machine only): {label}" if native() else label
+        if native():
+            label = f"native kernels (this machine only): {label}"
+        elif _not_in_force is not None and not _as_set():
+            label = f"CPU pins not in force (this machine only): {label}"
+        _LABEL[key] = label
     return _LABEL[key]

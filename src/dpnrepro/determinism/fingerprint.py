@@ -4,8 +4,8 @@ by one fast test that names the op, not by an end-to-end hash 20 minutes later.
 
 ``python -m dpnrepro.determinism.fingerprint`` prints the choices and the hashes; ``--check`` compares them
 with the committed ``tests/fixtures/kernel_fingerprint.json`` (exit 1 naming the ops that differ);
-``--write`` records them there; ``--switches`` flips each switch of determinism.cpu alone, in a fresh
-process, and reports which ops' bits it changes on this CPU (the evidence for each switch).
+``--write`` records them there. The maintainers' sweeps over the switches and their cost are
+``tools/kernel_sweep.py``.
 
 Inputs are real Fashion-MNIST images (the smoke data) where the op is a data op, and seeded normal
 tensors of the smoke models' sizes (Mu/7: width 64, 16 tokens + cls, 4 heads, MLP 256, batch 64) for the
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import dpnrepro  # noqa: F401  (pins the kernel choices before numpy, torch or cv2 load)
-from dpnrepro.determinism.cpu import INSTRUCTION_SET_ENV, KERNELS_ENV, describe, library_choices, pin_threads
+from dpnrepro.determinism.cpu import describe, library_choices, pin_threads
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 COMMITTED = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "kernel_fingerprint.json"
@@ -276,87 +276,19 @@ def diff(found: dict[str, str], committed: dict[str, str]) -> list[str]:
     return sorted(k for k in set(found) | set(committed) if found.get(k) != committed.get(k))
 
 
-# What another CPU's libraries choose when nothing pins them: AVX-512 CPUs take ATen's AVX-512 build, AMD
-# CPUs MKL's AUTO branch, Intel AVX-512 CPUs OpenBLAS's SkylakeX kernels, and so on.
-OTHER_CPUS_CHOICE = {
-    "ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO", "MKL_DYNAMIC": "TRUE", "OMP_DYNAMIC": "TRUE",
-    "ONEDNN_MAX_CPU_ISA": "ALL", "NPY_DISABLE_CPU_FEATURES": "", "OPENBLAS_CORETYPE": "SkylakeX",
-}
-# Knobs left to the library, tried too: OpenCV's AVX-512 paths and Intel IPP off (on this CPU: on).
-UNPINNED_TRIED = {"OPENCV_CPU_DISABLE": "AVX512-SKX", "OPENCV_IPP": "disabled"}
-
-
-def _switch_sweep() -> dict:
-    """Each switch of determinism.cpu set, alone, to what another CPU's library would choose, in a fresh
-    process: which ops' bits it changes (where this CPU can run that choice)."""
-    pinned = {k: v for k, v in os.environ.items() if k != KERNELS_ENV}
-    pinned.update(INSTRUCTION_SET_ENV, **{KERNELS_ENV: "environment"})  # each switch exactly as set below
-    code = ("import json, sys, dpnrepro.determinism.fingerprint as k; "
-            "print(json.dumps(k.fingerprint(onednn_convolutions=sys.argv[1] == '1')))")
-
-    def run(env, onednn="0"):
-        return in_fresh_process(code, env, onednn)
-
-    base = run(pinned)
-    report = {"convolutions on oneDNN/NNPACK": diff(run(pinned, "1"), base)}
-    for key, value in INSTRUCTION_SET_ENV.items():
-        other = OTHER_CPUS_CHOICE[key]
-        report[f"{key}={other!r} (pinned: {value!r})"] = diff(run({**pinned, key: other}), base)
-    for key, value in UNPINNED_TRIED.items():
-        report[f"{key}={value!r} (not pinned)"] = diff(run({**pinned, key: value}), base)
-    return report
-
-
-_COST_PROBE = """
-import dpnrepro.determinism.fingerprint as k
-import json, time, torch, torch.nn.functional as F
-k.pin_threads()
-t = time.perf_counter(); k.training_run(); train = time.perf_counter() - t
-x = torch.randn(8, 256, 32, 32, requires_grad=True); w = torch.randn(256, 256, 3, 3, requires_grad=True)
-t = time.perf_counter()
-for _ in range(3):
-    F.conv2d(x, w, padding=1).sum().backward()
-conv = (time.perf_counter() - t) / 3
-a, b = torch.randn(1088, 64), torch.randn(64, 256)
-t = time.perf_counter()
-for _ in range(200):
-    a @ b
-gemm = (time.perf_counter() - t) / 200
-print(json.dumps({"train_2x20_steps_s": train, "conv3x3_256ch_fwd_bwd_s": conv, "gemm_1088x64x256_s": gemm}))
-"""
-
-
-def _cost(rounds: int = 5) -> dict:
-    """Seconds of a 2 x 20-step Mu/7 training, a 3x3 256-channel convolution (segmentation's heads) and a
-    smoke-size GEMM, pinned vs ``DPNREPRO_CPU_KERNELS=native``, in fresh processes, rounds interleaved:
-    the median of each and the ratio."""
-    import statistics
-
-    env = {k: v for k, v in os.environ.items() if k not in INSTRUCTION_SET_ENV and k != KERNELS_ENV}
-    runs: dict[str, list[dict]] = {"pinned": [], "native": []}
-    for _ in range(rounds):
-        for mode in runs:
-            extra = {KERNELS_ENV: "native"} if mode == "native" else {}
-            runs[mode].append(in_fresh_process(_COST_PROBE, {**env, **extra}))
-    med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
-    return {**med, "pinned_over_native": {k: med["pinned"][k] / med["native"][k] for k in med["pinned"]},
-            "rounds": rounds}
+def report() -> dict:
+    """Who computed it (machine, versions), what was in force, and the hashes of every op."""
+    return {"machine": machine(), "versions": versions(), "in_force": in_force(), "summary": describe(),
+            "hashes": fingerprint()}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the committed fingerprint; exit 1 on a difference")
     ap.add_argument("--write", action="store_true", help="record this machine's fingerprint as the committed one")
-    ap.add_argument("--switches", action="store_true", help="which ops each switch changes on this CPU")
-    ap.add_argument("--cost", type=int, metavar="ROUNDS", help="time the pinned kernels against native ones")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
-    result = {"machine": machine(), "versions": versions(), "in_force": in_force(), "summary": describe(),
-              "hashes": fingerprint()}
-    if args.switches:
-        result["switch_effects"] = _switch_sweep()
-    if args.cost:
-        result["cost"] = _cost(args.cost)
+    result = report()
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

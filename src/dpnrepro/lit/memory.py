@@ -95,7 +95,10 @@ def step_peak_rss(*, width: int, heads: int, layers: int, batch: int, chunk: int
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     b = dict(width=768, heads=12, layers=12)  # a B-size text tower (LiT's B/32 pairing), 16 tokens
     per_caption = {"fp32": activation_bytes_per_caption(**b), "bf16": activation_bytes_per_caption(**b, bf16=True)}
     mid = dict(width=256, heads=4, layers=4)

@@ -49,9 +49,10 @@ def _run_name(stem: str, seed: int) -> str:
 
 def train_and_score(job: dict) -> dict:
     """One run (in a worker process): train on the prepared train split, top-1 on its val split."""
-    import torch
+    from dpnrepro.determinism.cpu import require_pins, route_convolutions
 
-    from dpnrepro.determinism.cpu import route_convolutions
+    require_pins()  # a worker that cannot hold the stage's pins makes no result
+    import torch
 
     torch.set_num_threads(job["threads"])
     route_convolutions()  # a spawned worker: the convolution path the stage's label names

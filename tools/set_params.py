@@ -1,7 +1,7 @@
 """Edit params.yaml key by key, YAML-aware, and fail loudly (a `sed` once added keys that the profile
 already had, and DVC refused the file with duplicate keys).
 
-    python scripts/set_params.py [--file params.yaml] runtime.workers=14 runtime.compile=true
+    python tools/set_params.py [--file params.yaml] runtime.workers=14 runtime.compile=true
 
 Round-trip (ruamel.yaml: comments and order kept; a duplicate key in the input is an error). Each KEY is a dotted
 path whose parent mapping must exist; VALUE is read as YAML. The result is validated as the project's params
