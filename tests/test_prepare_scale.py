@@ -136,7 +136,7 @@ def test_folder_report_labels_the_100k_column_an_extrapolation():
                      "bytes_datasets_cache": 1_000_000, "sha256": {"train": "x"}},
             "source_1_worker": {"storage": "source", "workers": 1, "wall_s": 8.0, "cpu_s": 7.5,
                                 "bytes_written": 1_000_000, "bytes_datasets_cache": 0, "sha256": {"train": "y"}}}
-    res = {"command": "python scripts/bench_folder.py", "hardware": "CPU x", "load_before": [1.0], "load_after": [2.0],
+    res = {"command": "python tools/bench_folder.py", "hardware": "CPU x", "load_before": [1.0], "load_after": [2.0],
            "folder": {"classes": 26, "photos": 27, "wall_s": 5.0,
                       "splits": {"train": {"images": 9_000, "jpeg_bytes": 450_000_000},
                                  "validation": {"images": 1_000, "jpeg_bytes": 50_000_000}}},
