@@ -109,6 +109,19 @@ def dvc_repro(project: Path, *args: str, no_thread_pin: bool = False) -> dict[st
         return json.loads(times.read_text())
 
 
+def tiny_table6_project(root: Path) -> Path:
+    """A scratch copy of the project on tiny params whose Table 6 is Mu/7, DPN and pre-LN, one seed, 4 steps;
+    dvc.yaml regenerated as `make profile` does, git-initialised."""
+    copy_project(root)
+    params = tiny_params(**{"train.steps": 4, "train.warmup_steps": 1})
+    params["export_imagefolder"] = None  # tiny_params reads the idx files directly
+    params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
+    write_params(root, params)
+    run([sys.executable, "-m", "dpnrepro.pipeline"], root)
+    git_init(root)
+    return root
+
+
 def git_init(project: Path) -> None:
     run(["git", "init", "-q"], project)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A"], project)

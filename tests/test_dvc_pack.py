@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, copy_project, git_init, run, tiny_params, write_params
+from helpers import REPO, git_init, run, tiny_table6_project
 
 from dpnrepro import dvc_graph
 from dpnrepro.dvc_graph import upstream_stages
@@ -107,24 +107,13 @@ def test_unpack_into_a_checkout_with_local_edits_at_the_same_revision_is_refused
     assert not (other / "out.txt").exists() and not (other / ".dvc/config.local").exists()
 
 
-def _tiny_project(root: Path) -> Path:
-    copy_project(root)
-    params = tiny_params(**{"train.steps": 4, "train.warmup_steps": 1})
-    params["export_imagefolder"] = None  # tiny_params reads the idx files directly
-    params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
-    write_params(root, params)
-    run([sys.executable, "-m", "dpnrepro.pipeline"], root)  # dvc.yaml as `make profile` makes it
-    git_init(root)
-    return root
-
-
 @pytest.mark.slow
 def test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training(tmp_path):
     """First a pack whose dvc.lock records other training code than the commit's (edited, then `dvc commit`):
     refused once the data stages ran, as `dvc repro` would train again. Then, in the checkout made clean again,
     the pack of the committed code: pulled, DVC's status names no stage, the report regenerated
     byte-identical, no train or evaluate stage run."""
-    made = _tiny_project(tmp_path / "made")
+    made = tiny_table6_project(tmp_path / "made")
     run(["dvc", "repro", "table6"], made)
     assert dvc_graph.status(["table6"], made) == {}
     lock = (made / "dvc.lock").read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, copy_project, dvc_repro, git_init, run, tiny_params, write_params
+from helpers import REPO, dvc_repro, run, tiny_table6_project, write_params
 
 sys.path.insert(0, str(REPO / "tools"))
 import pr_report  # noqa: E402
@@ -42,13 +42,7 @@ def _table6_headline(root: Path, rev: str | None = None) -> dict[str, object]:
 def table6_project(tmp_path_factory):
     """A scratch clone whose last commit holds Table 6's smoke outputs (tiny params: Mu/7, DPN and pre-LN,
     one seed, 4 steps)."""
-    root = copy_project(tmp_path_factory.mktemp("pr_report"))
-    params = tiny_params(**{"train.steps": 4, "train.warmup_steps": 1})
-    params["export_imagefolder"] = None  # tiny_params reads the idx files directly
-    params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
-    write_params(root, params)
-    run([sys.executable, "-m", "dpnrepro.pipeline"], root)  # dvc.yaml as `make profile` makes it
-    git_init(root)
+    root = tiny_table6_project(tmp_path_factory.mktemp("pr_report"))
     run(["dvc", "repro", "table6"], root)
     _commit(root, "base: Table 6's outputs")
     return root
