@@ -125,3 +125,16 @@ def test_a_flipped_verdict_and_a_stage_base_had_no_outputs_for_are_listed(tmp_pa
     assert "| new | `Mu/7.pre.gain_over_dpn.mean` | — | 2.5 | — |" in report
     assert "`table6`, `new` (new)\n" in report
     assert pr_report.main(["--root", str(root), "--base", "no-such-rev"]) == 2
+
+
+def test_a_push_that_creates_the_branch_compares_with_the_first_parent(tmp_path):
+    """GitHub's `before` of a push that creates the branch is forty zeros: the first parent stands in for it
+    (a fault with exit 2 otherwise), and a revision that does not exist is still one error line."""
+    run(["git", "init", "-q"], tmp_path)
+    for i in range(2):
+        (tmp_path / "f.txt").write_text(f"{i}\n")
+        _commit(tmp_path, f"commit {i}")
+    parent = run(["git", "rev-parse", "HEAD~1"], tmp_path).stdout.strip()
+    assert pr_report.resolve(tmp_path, pr_report.NO_BASE) == parent
+    with pytest.raises(pr_report.ReportError, match="not a git revision"):
+        pr_report.resolve(tmp_path, "1" * 40)

@@ -47,7 +47,13 @@ def file_at(root: Path, rev: str, rel: str) -> bytes | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+# What GitHub gives as a push's `before` when the push creates the branch: no base; the first parent stands in.
+NO_BASE = "0" * 40
+
+
 def resolve(root: Path, rev: str) -> str:
+    """The commit ``rev`` names; GitHub's all-zero ``before`` (:data:`NO_BASE`) means the first parent."""
+    rev = "HEAD~1" if rev == NO_BASE else rev
     proc = git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
     if proc.returncode != 0:
         raise ReportError(f"BASE {rev!r} is not a git revision of {root}")
