@@ -91,3 +91,21 @@ def test_the_optimizer_does_not_follow_mkls_cpu_dependent_branch():
 def test_the_native_opt_out_gives_the_cpus_own_kernels():
     seen = _fresh_process(**{KERNELS_ENV: "native"})["in_force"]
     assert seen["mkl_branch"] != "COMPATIBLE,STRICT" and seen["mkldnn_conv"] == "True"
+
+
+def test_writing_or_checking_the_fingerprint_without_the_pins_is_refused():
+    """A conflicting inherited switch leaves the pins out of force: `--write` would commit another machine
+    class's kernels as the reference, `--check` would compare the wrong ones; both refuse in one line."""
+    import subprocess
+    import sys
+
+    from helpers import REPO, clean_env
+
+    before = COMMITTED.read_bytes()
+    for flag in ("--write", "--check"):
+        proc = subprocess.run([sys.executable, "-m", "dpnrepro.determinism.fingerprint", flag], cwd=REPO,
+                              env=clean_env(OPENBLAS_CORETYPE="SkylakeX"), capture_output=True, text=True)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert proc.returncode == 2 and len(errors) == 1 and "OPENBLAS_CORETYPE" in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert COMMITTED.read_bytes() == before

@@ -288,6 +288,14 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="record this machine's fingerprint as the committed one")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
+    if args.write or args.check:  # the committed fingerprint is of the pinned kernels: not comparable otherwise
+        from dpnrepro.determinism.cpu import PinConflict, require_pins
+
+        try:
+            require_pins()
+        except PinConflict as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     result = report()
     print(json.dumps(result, indent=1))
     if args.json:
