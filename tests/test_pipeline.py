@@ -135,6 +135,7 @@ def test_param_change_shows_in_params_and_metrics_diff(smoke_repro):
     assert "evaluate-table1" in ran and "train-table1" not in ran, ran
     assert "resuming from checkpoints/splus/" in log and "at step 100/100" in log, log[-3000:]
     pdiff = json.loads(run(["dvc", "params", "diff", "--json"], root).stdout)
-    assert pdiff["params.yaml"]["splus.seeds"]["new"] == seeds[:-1], pdiff
+    change = pdiff["params.yaml"]["splus.seeds"]  # DVC writes a list value as its YAML text
+    assert (yaml.safe_load(change["old"]), yaml.safe_load(change["new"])) == (seeds, seeds[:-1]), pdiff
     mdiff = json.loads(run(["dvc", "metrics", "diff", "--all", "--json"], root).stdout)
     assert "splus.Mu/7.dpn-conv.mean" in mdiff["metrics/headline/table1.json"], mdiff

@@ -224,7 +224,8 @@ def seg_project(tmp_path_factory):
     root = copy_project(tmp_path_factory.mktemp("segstage") / "proj")
     (root / "probe").mkdir()
     (root / "probe" / "seg_probe.py").write_text(PROBE)
-    (root / "probe" / "sitecustomize.py").write_text("import seg_probe  # noqa: F401\n")
+    # dpnrepro first, as every entry point does: the probe loads mmengine (numpy, torch) before the stage runs
+    (root / "probe" / "sitecustomize.py").write_text("import dpnrepro  # noqa: F401\nimport seg_probe  # noqa: F401\n")
     write_params(root, _stage_params(1))
     run([sys.executable, "stages/export_seg_canvases.py"], root)
     return SegProject(root)
