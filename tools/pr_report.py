@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from dpnrepro.io import write_text_atomic
+
 WORKSPACE = "workspace"
 LOCK_FILES = ("dvc.lock", "study/dvc.lock", "benchmarks/dvc.lock")
 HEADLINE_DIR = "metrics/headline/"
@@ -237,9 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is None:
             sys.stdout.write(text)
             return 0
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        write_text_atomic(args.out, text)
     except (ReportError, OSError) as exc:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
