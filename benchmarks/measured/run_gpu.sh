@@ -8,7 +8,7 @@
 #   bash benchmarks/measured/run_gpu.sh env tests table1      # some phases (one part of a split run)
 #   DRY_RUN=1 bash benchmarks/measured/run_gpu.sh             # CPU: tiny sizes, checks the plumbing (tests/)
 #
-# phases: env tests step loop input profile mini table1 collect. Budget: the whole command gets
+# phases: env fingerprint tests step loop input profile mini table1 collect. Budget: the whole command gets
 # BUDGET_S seconds (default 570) from its start; every job runs under its own `timeout` (its phase's cap,
 # cut to what is left of the budget less PACK_RESERVE_S), so a stopped job never stops the rest
 # (TESTS_IN_BACKGROUND=1: the `tests` phase runs beside the later phases, sharing the GPU). On exit,
