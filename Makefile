@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make repro   set up a fresh machine and run the smoke pipeline (dvc repro)
-#   make test    set up the same way and run the test suite (what CI runs via .ci/run)
+#   make test    set up the same way and run the test suite (what the project's CI runs, via .ci/run)
 VENV ?= .venv
 BIN := $(VENV)/bin
 # dvc.yaml's stage commands call `python`: the project's interpreter, not whatever is first on PATH.
