@@ -511,3 +511,40 @@ def test_links_resolve_and_commands_name_what_exists():
             if why:
                 errors.append(f"{rel}:{line}: `{' '.join(words)}`: {why}")
     assert not errors, "broken links, paths or commands in the docs:\n" + "\n".join(errors)
+
+
+# Pages outside docs/ that link into it: the measured records' index and the reports the pipeline writes.
+LINKING_PAGES = ["benchmarks/measured/README.md", "reports/reliability.md",
+                 *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "reports").glob("*.md"))]
+DOC_ANCHOR_RE = re.compile(r"docs/([\w-]+\.md)#([\w-]+)")
+
+
+def test_links_of_the_reports_and_measured_pages_resolve():
+    """A heading renamed in docs/ breaks the reports' and records' links too: they are checked like the docs."""
+    errors = [e for rel in dict.fromkeys(LINKING_PAGES) for e in link_errors(rel)]
+    assert not errors, "broken links outside docs/:\n" + "\n".join(errors)
+
+
+def doc_anchors_named_in(files) -> list[str]:
+    """``docs/page.md#anchor`` written in code, configs or scripts whose page has no such heading."""
+    errors = []
+    for path in files:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for page, anchor in DOC_ANCHOR_RE.findall(line):
+                if not (REPO / "docs" / page).is_file() or anchor not in anchors(f"docs/{page}"):
+                    errors.append(f"{path}:{n}: docs/{page}#{anchor}")
+    return errors
+
+
+def test_doc_anchors_named_in_code_and_configs_exist(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("# docs/determinism.md#resume\n# docs/determinism.md#no-such-heading\n# docs/nope.md#x\n")
+    assert [e.split(": ")[-1] for e in doc_anchors_named_in([probe])] == \
+        ["docs/determinism.md#no-such-heading", "docs/nope.md#x"], "the checker misses a broken anchor"
+    files = [p for d in ("src", "stages", "tools", "profiles", "benchmarks", "study") for p in (REPO / d).rglob("*")
+             if p.is_file() and p.suffix in {".py", ".yaml", ".sh", ".md"}]
+    files += [REPO / "params.yaml", REPO / "Makefile"]
+    assert len(files) > 50, "the code and config files moved?"
+    errors = doc_anchors_named_in(files)
+    assert not errors, "anchors that no heading in docs/ gives (rename the link or keep the heading):\n" + \
+        "\n".join(errors)
