@@ -548,3 +548,23 @@ def test_doc_anchors_named_in_code_and_configs_exist(tmp_path):
     errors = doc_anchors_named_in(files)
     assert not errors, "anchors that no heading in docs/ gives (rename the link or keep the heading):\n" + \
         "\n".join(errors)
+
+
+# What a newcomer reads: short enough to read, the README first with what they came for.
+READ_PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
+              "benchmarks/measured/README.md", "reports/reliability.md"]
+DOCS_LINE_BUDGET = 900
+README_LINE_BUDGET = 120
+README_OPENING = ["The two commands", "The results", "One table"]
+
+
+def test_the_docs_stay_within_their_line_budget_and_the_readme_opens_with_what_a_reader_wants():
+    lines = {rel: len((REPO / rel).read_text().splitlines()) for rel in READ_PAGES}
+    assert sum(lines.values()) <= DOCS_LINE_BUDGET, (
+        f"the docs have {sum(lines.values())} lines, over {DOCS_LINE_BUDGET}: cut before adding "
+        f"(per page: {dict(sorted(lines.items(), key=lambda kv: -kv[1]))})")
+    assert lines["README.md"] <= README_LINE_BUDGET, f"README.md has {lines['README.md']} lines"
+    headings = re.findall(r"^## (.+)$", strip_code((REPO / "README.md").read_text()), re.M)
+    assert headings[:3] == README_OPENING, f"the README opens with {headings[:3]}, not {README_OPENING}"
+    assert "reports/README.md" in (REPO / "README.md").read_text().split("## One table")[0], \
+        "the README points to the results index before anything else"
