@@ -125,10 +125,6 @@ def test_committed_report_regenerates_from_committed_metrics(tmp_path):
         assert path.read_bytes() == committed.read_bytes(), f"{committed} is not what its metrics give"
 
 
-@pytest.mark.xfail(strict=True, reason="the study's 11 cells were made before the code every stage imports changed "
-                   "(import-order-safe pins, the stages' argument parsing and restore hints, checkpoint checksums); "
-                   "no bit should move, but that is unverified until `dvc repro study/dvc.yaml` (about 2 h 10 min on "
-                   "2 cores) reruns them; strict, so the mark must go once the study is regenerated")
 def test_study_pipeline_is_up_to_date():
     """study/dvc.lock matches the code, params and committed metrics: the study need not be rerun."""
     from dpnrepro import dvc_graph
