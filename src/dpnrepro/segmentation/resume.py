@@ -11,8 +11,9 @@ allow-lists for the duration of a ``with`` block (no process-wide ``add_safe_glo
 ``weights_only=False``); anything else, e.g. a crafted ``__reduce__``, is still refused.
 
 Bit-identical resume also needs the random state: mmseg's transforms draw from numpy's global RNG,
-stochastic depth from torch's. :class:`ResumeStateHook` also stores the torch / numpy / Python RNG states in
-every checkpoint (as tensors and ints, no new globals) and :class:`ResumableIterBasedTrainLoop`
+stochastic depth from torch's (on the CPU or the GPU). :class:`ResumeStateHook` also stores the torch (CPU and
+CUDA) / numpy / Python RNG states in every checkpoint, as plain values (determinism/rng.py: no tensor that
+mmengine's loader could map to the training device, no new globals) and :class:`ResumableIterBasedTrainLoop`
 restores them right after mmengine has advanced the data loader past the iterations already trained
 (advancing replays the loader, which draws from the same RNGs), so iteration ``k + 1`` sees the random
 state an uninterrupted run had. Under DDP every rank has its own streams (``diff_rank_seed``, see
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import random
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,8 @@ from mmengine.hooks import Hook
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.registry import HOOKS, LOOPS
 from mmengine.runner import IterBasedTrainLoop
+
+from dpnrepro.determinism import rng
 
 CHECKPOINT_BACKEND = "dpnrepro_atomic"
 LAST_CHECKPOINT = "last_checkpoint"  # mmengine's CheckpointHook: the path of the latest checkpoint
@@ -106,16 +108,22 @@ def safe_mmengine_load():
 
 
 def capture_rng() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
-            "numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": random.getstate()}
+    """This process's RNG states as plain values, numpy's global generator included (mmseg draws from it)."""
+    return rng.capture_rng(numpy_global=True)
 
 
 def restore_rng(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    rng.restore_rng(_plain_rng(state))
+
+
+def _plain_rng(state: dict) -> dict:
+    """A state in :func:`capture_rng`'s form; one of an older checkpoint (tensors, numpy's keys apart) is
+    converted, on whatever device its tensors were mapped to."""
+    if "numpy_keys" not in state:
+        return state
     kind, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
-    random.setstate(state["python"])
+    keys = state["numpy_keys"].detach().cpu().tolist()
+    return {"torch": state["torch"], "numpy": [kind, keys, pos, has_gauss, cached], "python": state["python"]}
 
 
 def _plain_buffers(log_scalars: dict) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dpnrepro.artifacts import MODEL_FILE, load_weights, save_weights
+from dpnrepro.determinism.rng import capture_rng, restore_rng, state_tensor
 from dpnrepro.errors import CheckpointError
 from dpnrepro.io import atomic_dir, recover_dir, write_json_atomic, write_text_atomic
 
@@ -118,17 +118,13 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler, step: 
                     extra: dict | None = None) -> None:
     """Write a complete training checkpoint atomically (replacing the previous one)."""
     opt_tensors, opt_meta = _flatten_optimizer(optimizer)
-    rng = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            rng[f"torch_cuda_{i}"] = s
-    py_state = random.getstate()
+    rng, python_rng = _rng_files(capture_rng(numpy_global=False))
     meta = {
         "step": step,
         "fingerprint": fingerprint,
         "optimizer": opt_meta,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
+        "python_rng": python_rng,
         "extra": extra or {},
     }
     with atomic_dir(ckpt_dir) as tmp:
@@ -171,15 +167,23 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler) -> dic
     optimizer.load_state_dict(opt_sd)
     if scheduler is not None and meta["scheduler"] is not None:
         scheduler.load_state_dict(meta["scheduler"])
-    rng = load_file(str(ckpt_dir / "rng.safetensors"))
-    torch.set_rng_state(rng["torch_cpu"])
-    if torch.cuda.is_available():
-        cuda = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-    v, state, gauss = meta["python_rng"]
-    random.setstate((v, tuple(state), gauss))
+    restore_rng(_rng_state(load_file(str(ckpt_dir / "rng.safetensors")), meta["python_rng"]))
     return meta
+
+
+def _rng_files(state: dict) -> tuple[dict, list]:
+    """A :func:`~dpnrepro.determinism.rng.capture_rng` state as a checkpoint keeps it: the torch generator
+    states as ``rng.safetensors``' uint8 tensors (``torch_cpu``, ``torch_cuda_<device>``), Python's for
+    ``meta.json``. The training draws nothing from numpy's global generator."""
+    tensors = {"torch_cpu": state_tensor(state["torch"])}
+    tensors.update({f"torch_cuda_{i}": state_tensor(s) for i, s in enumerate(state.get("cuda", []))})
+    return tensors, state["python"]
+
+
+def _rng_state(tensors: dict, python_rng: list) -> dict:
+    """:func:`_rng_files` undone, the CUDA devices in their numeric order (``torch_cuda_10`` after ``_9``)."""
+    cuda = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in tensors.items() if k.startswith("torch_cuda_"))
+    return {"torch": tensors["torch_cpu"], "cuda": [v for _, v in cuda], "python": python_rng}
 
 
 def safe_torch_load(path: str | Path):
