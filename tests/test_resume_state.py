@@ -52,14 +52,9 @@ def _saved_and_mapped(obj, tmp_path: Path, map_location):
 
 
 def _training_capture() -> dict:
-    from dpnrepro.training.checkpoint import _rng_files, _rng_state, capture_rng
+    from dpnrepro.training.checkpoint import capture_rng
 
-    # what save_checkpoint writes (rng.safetensors' tensors, meta.json's Python state), read back as
-    # load_checkpoint reads it, before the whole state takes the device-mapped trip
-    state = capture_rng(numpy_global=False)
-    tensors, python_rng = _rng_files(state)
-    assert _rng_state(tensors, python_rng)["python"] == state["python"]
-    return state
+    return capture_rng(numpy_global=False)  # as save_checkpoint captures it
 
 
 def _training_restore(state: dict) -> None:
@@ -187,6 +182,26 @@ def test_cuda_generator_state_is_captured_and_survives_a_load_mapped_to_cuda(tmp
     _draws()
     rng.restore_rng(loaded)
     assert _draws() == expected
+
+
+@needs_cuda
+def test_cuda_training_checkpoint_rng_restores_from_tensors_loaded_onto_cuda(tmp_path):
+    """rng.safetensors read onto the GPU (``load_file(device="cuda")``) still restores every generator."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from dpnrepro.training.checkpoint import _rng_state, restore_rng, save_checkpoint
+
+    model = torch.nn.Linear(2, 2).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    save_checkpoint(tmp_path / "ckpt", model=model, optimizer=optimizer, scheduler=None, step=1, fingerprint="fp")
+    expected = _draws(numpy_global=False)
+    tensors = load_file(str(tmp_path / "ckpt" / "rng.safetensors"), device="cuda")
+    assert len([k for k in tensors if k.startswith("torch_cuda_")]) == torch.cuda.device_count()
+    _draws(numpy_global=False)
+    restore_rng(_rng_state(tensors, json.loads((tmp_path / "ckpt" / "meta.json").read_text())["python_rng"]))
+    assert _draws(numpy_global=False) == expected
 
 
 @needs_cuda
