@@ -174,7 +174,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler) -> dic
 def _rng_files(state: dict) -> tuple[dict, list]:
     """A :func:`~dpnrepro.determinism.rng.capture_rng` state as a checkpoint keeps it: the torch generator
     states as ``rng.safetensors``' uint8 tensors (``torch_cpu``, ``torch_cuda_<device>``), Python's for
-    ``meta.json``. The training draws nothing from numpy's global generator."""
+    ``meta.json``. numpy's global generator is not kept (as before: the CPU resume tests pass without it)."""
     tensors = {"torch_cpu": state_tensor(state["torch"])}
     tensors.update({f"torch_cuda_{i}": state_tensor(s) for i, s in enumerate(state.get("cuda", []))})
     return tensors, state["python"]
