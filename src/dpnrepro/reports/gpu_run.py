@@ -114,7 +114,7 @@ def _delta_text(d: dict) -> str:
     return f"{d['mean']:+.2f}{ci}, {verdict_text(d)}"
 
 
-def _title(rel: str) -> str:
+def title(rel: str) -> str:
     stem = Path(rel).stem
     if stem in TITLES:
         return TITLES[stem]
@@ -247,7 +247,7 @@ def build_page(folder: Path, run: Run | None = None) -> str:
               "metrics file records them. Accuracies in points.", ""]
     for rel, leaves in run.tables.items():
         t = s["tables"][rel]
-        lines += [f"### {_title(rel)} (`{rel}`)", "",
+        lines += [f"### {title(rel)} (`{rel}`)", "",
                   f"{t['values']} value{'s' * (t['values'] != 1)}: mean |GPU − CPU| {_num(t['mean_abs_diff'])}, largest "
                   f"{_num(t['max_abs_diff'])}" + (f"; verdict unchanged in {t['same_verdict']} of {t['verdicts']} Δs"
                                                    if t["verdicts"] else "") + ".", "",
@@ -285,12 +285,12 @@ def draw_figure(run: Run, path: Path) -> None:
     for rel, leaves in run.tables.items():
         pts = [(leaf.cpu, leaf.gpu) for leaf in leaves if leaf.is_value]
         if pts and Path(rel).stem != "figures":
-            ax.scatter(*zip(*pts), s=14, label=_title(rel).split(" (")[0])
+            ax.scatter(*zip(*pts), s=14, label=title(rel).split(" (")[0])
             lo, hi = min(lo, *(min(p) for p in pts)), max(hi, *(max(p) for p in pts))
     ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
     ax.set_xlabel("CPU (committed), %")
     ax.set_ylabel("GPU, %")
-    ax.set_title("Smoke profile: GPU against CPU")
+    ax.settitle("Smoke profile: GPU against CPU")
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
