@@ -19,9 +19,10 @@ import hashlib
 import sys
 from pathlib import Path
 
+from dpnrepro.reports.gpu_run import RUNS_DIR as GPU_RUNS
+
 STUDY_SUMMARY = Path("metrics/study_summary.json")
 STUDY_RECORD = Path("study/findings.json")
-GPU_RUNS = Path("reports/gpu")
 VERDICTS = ("better", "worse", "not resolved")
 
 
