@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,8 @@ COPIES = ("copy0", "copy1")
 AFTER = "copy0_after"
 # Per compared file: the leaves compared (every numeric leaf, or those under this key).
 LEAVES_UNDER = {"lit.json": "zeroshot"}
-TITLES = {"figures": "Figures 2-4 (stem gradient norms)", "lit": "LiT zero-shot (`lit_evaluate`; Table 4 did not run)"}
+SKIP = {"n"}  # counts, not values
+TITLES = {"figure1_summary": "Figure 1", "figures": "Figures 2-4 (stem gradient norms)", "lit": "LiT zero-shot (`lit_evaluate`; Table 4 did not run)"}
 
 
 def _fix(folder: Path) -> str:
@@ -91,6 +93,8 @@ def _leaves(node, prefix: str = "", under: str | None = None):
                 yield prefix, node.get("mean"), node
             return
         for key, value in node.items():
+            if key in SKIP:
+                continue
             yield from _leaves(value, f"{prefix}/{key}" if prefix else str(key),
                                None if under is None or key == under else under)
     elif isinstance(node, (int, float)) and not isinstance(node, bool) and under is None:
@@ -131,7 +135,7 @@ def metrics_files(folder: Path) -> list[str]:
     """The compared metrics files (``metrics/...`` paths present under both ``gpu/`` and ``cpu/``)."""
     found = [p.relative_to(folder / "gpu").as_posix() for p in (folder / "gpu" / "metrics").rglob("*.json")
              if (folder / "cpu" / p.relative_to(folder / "gpu")).exists()]
-    return sorted(found, key=lambda rel: ({"table": 0, "figure": 1}.get(Path(rel).stem.rstrip("0123456789s"), 2), rel))
+    return sorted(found, key=lambda rel: ({"table": 0, "figure": 1}.get(re.match(r"[a-z]*", Path(rel).stem)[0], 2), rel))
 
 
 @dataclass
