@@ -90,7 +90,8 @@ def gpu_text(folder: Path, root: Path) -> str:
     tables = s["tables"]
     verdicts = sum(t["verdicts"] for t in tables.values())
     same = sum(t["same_verdict"] for t in tables.values())
-    diffs = "; ".join(f"{title(p).split(' (')[0]} {t['mean_abs_diff']:.2f} ({t['values']} value{'s' * (t['values'] != 1)})"
+    diffs = "; ".join(f"{title(p).split(' (')[0]} {t['mean_abs_diff']:.2f} "
+                      f"({t['values']} value{'s' * (t['values'] != 1)})"
                       for p, t in tables.items() if t["mean_abs_diff"] is not None and Path(p).stem != "figures")
     copies = (f"both copies' {s['stages_both']} stages gave the same {s['outputs_both']} output hashes"
               if not s["differ"] else f"the copies' hashes differ in {', '.join(s['differ'])}")
@@ -121,7 +122,8 @@ def current_study_record(root: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help=f"exit 1 if {STUDY_RECORD} is not what the study summary gives")
+    ap.add_argument("--check", action="store_true",
+                    help=f"exit 1 if {STUDY_RECORD} is not what the study summary gives")
     args = ap.parse_args(argv)
     from dpnrepro.errors import UserError
     from dpnrepro.io import write_json_atomic
