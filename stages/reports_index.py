@@ -1,6 +1,7 @@
 """DVC stage `reports_index`: reports/README.md, the index of every table and figure (dpnrepro.reports.index),
 for the reports the pipeline's stages write (dpnrepro.pipeline, what dvc.yaml is generated from), from their
-metrics, reports/paper, profiles/full.yaml and the committed GPU throughput."""
+metrics, reports/paper, profiles/full.yaml and the committed GPU throughput; its Findings section also reads the
+study's record (study/findings.json) and the committed GPU runs (reports/gpu/<run>/)."""
 
 from dpnrepro.cli import stage, stage_arguments
 from dpnrepro.pipeline import stages

@@ -184,3 +184,49 @@ def test_a_truncated_committed_summary_is_one_line_naming_it_and_how_to_restore_
     with pytest.raises(UserError, match=rf"{entry.summary}.*git checkout -- {entry.summary}") as err:
         index.build_index([entry], tmp_path)
     assert "\n" not in str(err.value)
+
+
+def _study_summary(verdicts: list[str], plateau_gain: str = "not resolved") -> dict:
+    """A study summary with one cell per verdict (the last one the longest schedule) and one saturation cell."""
+    def delta(verdict):
+        return {"n": 5, "mean": 1.0, "ci95": 0.5, "verdict": verdict}
+    cells = [{"cell": f"c{i}", "dataset": "mnist", "arch": "Mu-7", "schedule": "long" if i == len(verdicts) - 1
+              else "short", "steps": 1600 if i == len(verdicts) - 1 else 160, "delta": delta(v)}
+             for i, v in enumerate(verdicts)]
+    plateau = [{"cell": "sat", "dataset": "mnist", "arch": "Mu-7", "steps": 3200, "vs_steps": 1600,
+                "delta": delta("not resolved"), "gain": {"conv": delta("not resolved"), "dpn": delta(plateau_gain)}}]
+    return {"comparison": cells, "plateau": plateau}
+
+
+def test_findings_are_counted_from_the_verdicts_and_follow_them():
+    """The Findings section's counts come from the summaries' verdicts: a changed verdict changes the words."""
+    from dpnrepro.reports import findings
+
+    summary = {"A": {"delta_dpn": {"mean": 1.0, "ci95": 0.5, "verdict": "better"}},
+               "B": {"delta_dpn": {"mean": 0.1, "ci95": 3.0, "verdict": "not resolved", "why": "1 pretraining run"}}}
+    row = lambda s: [("[Table 9](table9.md)", "smoke", index.verdict_words(index.all_deltas(s)))]  # noqa: E731
+    assert "[Table 9](table9.md) 2 Δs: 1 better, 0 worse, 1 not resolved." in findings.smoke_text(row(summary))
+    summary["A"]["delta_dpn"]["verdict"] = "worse"
+    assert "[Table 9](table9.md) 2 Δs: 0 better, 1 worse, 1 not resolved." in findings.smoke_text(row(summary))
+    assert "profile smoke" in findings.smoke_text(row(summary))
+
+    text = findings.study_text(findings.study_record(_study_summary(["better", "worse", "worse"]), "0" * 32))
+    assert "over 3 dataset × patch × schedule cells" in text and "better in 1, worse in 2, not resolved in 0." in text
+    assert "(1600 steps) it is better in 0, worse in 1, not resolved in 0 of 1 cells" in text
+    assert "resolves none of the 2 stems' gains" in text
+    text = findings.study_text(findings.study_record(_study_summary(["better", "not resolved", "better"], "better"),
+                                                     "0" * 32))
+    assert "better in 2, worse in 0, not resolved in 1." in text and "resolves 1 of the 2 stems' gains" in text
+
+
+def test_the_study_record_is_the_study_summary_and_the_index_reads_it_not_the_study_outputs():
+    """study/findings.json is what the committed study summary gives (`python -m dpnrepro.reports.findings`);
+    the index depends on it and on the GPU runs' folder, plain git-tracked files, so `dvc repro` runs no study."""
+    from dpnrepro.reports import findings
+
+    assert findings.read_study_record(REPO) == findings.current_study_record(REPO), \
+        "run `python -m dpnrepro.reports.findings`"
+    deps = _stages("dvc.yaml")["reports_index"]["deps"]
+    assert findings.STUDY_RECORD.as_posix() in deps and findings.GPU_RUNS.as_posix() in deps
+    assert findings.STUDY_SUMMARY.as_posix() not in deps
+    assert findings.gpu_runs(REPO), "no committed GPU run under reports/gpu/"

@@ -138,8 +138,9 @@ def stages() -> dict:
 
 def reports_index_stage(paper_stages: dict) -> dict:
     """reports/README.md, the index of every report ``paper_stages`` write (:mod:`dpnrepro.reports.index`):
-    it reads their summaries and sweep metrics, the paper's numbers, the full profile and the committed GPU
-    throughput (a plain git-tracked file: no benchmark or study stage is pulled into `dvc repro`)."""
+    it reads their summaries and sweep metrics, the paper's numbers, the full profile, the committed GPU
+    throughput, the study's record (study/findings.json) and the GPU runs (reports/gpu/): plain git-tracked
+    files, so no benchmark or study stage is pulled into `dvc repro`."""
     from dpnrepro.reports.index import INDEX, index_inputs
 
     return _stage("stages/reports_index.py", deps=index_inputs(paper_stages),
