@@ -24,11 +24,16 @@ case "$1 $2 $3" in
     fi
     exit 0;;
   "-m pip download") exit 1;;  # no network: an mmcv build fails
+  "-m pip wheel")  # mmcv's build: record its compile flags, leave a wheel in -w DIR
+    echo "CFLAGS=$CFLAGS" >> "$FAKE_LOG"
+    while [ $# -gt 0 ]; do [ "$1" = -w ] && { mkdir -p "$2"; touch "$2/mmcv-2.1.0-cp311-cp311-linux_x86_64.whl"; }; shift; done
+    exit 0;;
 esac
 if [ "$1" = -c ]; then
   case "$2" in
     *"import mmcv, mmcv.ops; assert"*) [ -z "${FAKE_NO_MMCV:-}" ] || exit 1;;
     *"import sys, torch"*) echo "2.14.1 cp311";;
+    *sysconfig*) echo "-Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall";;
     *print*) echo "torch 2.14.1 (stand-in)";;
   esac
 fi
@@ -167,3 +172,21 @@ def test_the_lock_holds_every_direct_pin_at_its_version_and_the_installers():
         assert pins and {n: v for n, v in pins.items() if lock.get(n) != v} == {}, rel
     assert {"uv", "pip", "setuptools", "wheel", "triton", "nvidia-cudnn-cu13"} <= lock.keys()
     assert not {"torch", "torchvision", "mmcv"} & lock.keys()  # requirements/torch.txt, tools/build_mmcv.sh
+
+
+def test_mmcv_builds_with_python_s_flags_less_debug_information_into_the_cache(scratch, tmp_path):
+    root, env, log = scratch
+    src = tmp_path / "src/mmcv-2.1.0"
+    src.mkdir(parents=True)
+    (src / "setup.py").write_text("extra_compile_args = ['-std=c++14']\n")
+    sdist = tmp_path / "mmcv-2.1.0.tar.gz"
+    subprocess.run(["tar", "-czf", str(sdist), "-C", str(tmp_path / "src"), "mmcv-2.1.0"], check=True)
+    build = subprocess.run(["bash", str(root / "tools/build_mmcv.sh"), "--wheel-only"], capture_output=True, text=True,
+                           env=dict(env, PY=str(Path(env["VENV"]) / "bin/python"), FAKE_NO_MMCV="1",
+                                    MMCV_SDIST=str(sdist)), timeout=60)
+    assert build.returncode == 0, build
+    flags = [line for line in log.read_text().splitlines() if line.startswith("CFLAGS=")]
+    assert flags == ["CFLAGS=-Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall -g0"], flags  # -O3 kept, -g0 last
+    cached = sorted(p.name for p in (Path(env["DPNREPRO_WHEEL_CACHE"]) / "mmcv-2.1.0-torch2.14.1").iterdir())
+    assert cached == ["mmcv-2.1.0-cp311-cp311-linux_x86_64.whl"], cached  # no partial copy left
+    assert "python -m pip install" not in log.read_text()  # --wheel-only installs nothing
