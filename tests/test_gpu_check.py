@@ -50,6 +50,7 @@ def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_
     params = tiny_params(**{"train.steps": 4, "train.warmup_steps": 1, "runtime.ckpt_every": 2})
     params["export_imagefolder"] = None
     params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
+    params["table6"]["runtime"]["ckpt_every"] = 2  # the kill lands mid-run: its rerun resumes at step 2 of 4
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     work = tmp_path / "work"
     env.update(DRY_RUN="1", PARAMS=str(tmp_path / "tiny.yaml"), GROUPS="train-table6;evaluate-table6", KILL="train-table6",
@@ -75,10 +76,10 @@ def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_
         assert jobs["copy1_group0_killed_in_train-table6"] == "rc=-9", jobs  # SIGKILLed, then run again
         assert jobs["copy0_group0"] == jobs["copy1_group0"] == jobs["copy1_group1"] == jobs["pack"] == "rc=0", jobs
         diff = json.loads(read("lock_diff.json"))
-        assert diff["differ"] == [] and {"prepare", "train-table6", "table6"} <= set(diff["stages_compared"]), diff
+        assert diff["differ"] == [] and {"prepare", "train-table6", "evaluate-table6"} <= {*diff["stages_compared"]}, diff
         resume = json.loads(read("resume.json"))
         assert resume["train-table6"]["outputs_equal_to_uninterrupted"] is True, resume
-        assert "resuming from" in read("repro_copy1.log")
+        assert "resuming from checkpoints/table6/Mu-7_dpn_s0 at step 2/4" in read("repro_copy1.log")
         assert json.loads(read("env.json"))["device"] == "cpu"
         assert "train-table6" in json.loads(read("stage_times_copy0.json"))
         assert "res/copy0/metrics/table6.json" in tar.getnames()
