@@ -44,7 +44,8 @@ def check(checkout: Path, python: Path, env: dict, cmd: str, **extra: str) -> st
 def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_hands_back(tmp_path):
     python = bare_python(tmp_path / "venv")
     env = {k: v for k, v in stage_env().items() if k not in ("PYTHONPATH", "DPNREPRO_CPU_THREADS")}
-    probe = subprocess.run([python, "-c", "import dvc, torch; import dpnrepro"], env=env, capture_output=True, text=True)
+    probe = subprocess.run([python, "-c", "import dvc, torch; import dpnrepro"], env=env, capture_output=True,
+                           text=True)
     assert "No module named 'dpnrepro'" in probe.stderr, probe.stderr  # the project is not installed there
     checkout = copy_project(tmp_path / "checkout")
     params = tiny_params(**{"train.steps": 4, "train.warmup_steps": 1, "runtime.ckpt_every": 2})
@@ -53,8 +54,9 @@ def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_
     params["table6"]["runtime"]["ckpt_every"] = 2  # the kill lands mid-run: its rerun resumes at step 2 of 4
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     work = tmp_path / "work"
-    env.update(DRY_RUN="1", PARAMS=str(tmp_path / "tiny.yaml"), GROUPS="train-table6;evaluate-table6", KILL="train-table6",
-               WORK=str(work), CARRY=str(tmp_path / "no_carry"), SITE=str(tmp_path / "site"), PYTHON=str(python),
+    env.update(DRY_RUN="1", PARAMS=str(tmp_path / "tiny.yaml"), GROUPS="train-table6;evaluate-table6",
+               KILL="train-table6", WORK=str(work), CARRY=str(tmp_path / "no_carry"), SITE=str(tmp_path / "site"),
+               PYTHON=str(python),
                BUDGET_S="1500", HANDBACK_MIB="16")
     assert "started" in check(checkout, python, env, "start")
     back: dict[str, Path] = {}
@@ -76,7 +78,8 @@ def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_
         assert jobs["copy1_group0_killed_in_train-table6"] == "rc=-9", jobs  # SIGKILLed, then run again
         assert jobs["copy0_group0"] == jobs["copy1_group0"] == jobs["copy1_group1"] == jobs["pack"] == "rc=0", jobs
         diff = json.loads(read("lock_diff.json"))
-        assert diff["differ"] == [] and {"prepare", "train-table6", "evaluate-table6"} <= {*diff["stages_compared"]}, diff
+        assert diff["differ"] == [], diff
+        assert {"prepare", "train-table6", "evaluate-table6"} <= {*diff["stages_compared"]}, diff
         resume = json.loads(read("resume.json"))
         assert resume["train-table6"]["outputs_equal_to_uninterrupted"] is True, resume
         assert "resuming from checkpoints/table6/Mu-7_dpn_s0 at step 2/4" in read("repro_copy1.log")

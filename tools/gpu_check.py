@@ -56,7 +56,8 @@ BUDGET_S = float(ENV.get("BUDGET_S", "560"))
 PACK_RESERVE_S = float(ENV.get("PACK_RESERVE_S", "40"))
 COPIES = int(ENV.get("COPIES", "2"))
 DEVICE = ENV.get("DEVICE", "cpu" if DRY else "cuda")
-GROUPS = [g.split() for g in ENV.get("GROUPS", "train-table1;lit_evaluate;segment;table1 table2 table6 figures;").split(";")]
+DEFAULT_GROUPS = "train-table1;lit_evaluate;segment;table1 table2 table6 figure1 figures;"  # ""  = every stage
+GROUPS = [g.split() for g in ENV.get("GROUPS", DEFAULT_GROUPS).split(";")]
 KILL = ENV.get("KILL", "train-table1 lit_train segment").split()
 MMCV_STAGES = {"segment"}  # the stages that import mmcv.ops (segmentation)
 MODEL = re.compile(r"^(train-|evaluate-)|^(segment|vtab|sun397_scratch|lit_train|lit_evaluate)$")
@@ -393,8 +394,8 @@ def collect() -> int:
 
 
 if __name__ == "__main__":
-    cmd = sys.argv[1] if len(sys.argv) == 2 else ""
-    if cmd not in ("start", "run", "collect"):
-        print("error: usage: gpu_check.sh start|run|collect", file=sys.stderr)
-        raise SystemExit(2)
-    raise SystemExit({"start": start, "run": run, "collect": collect}[cmd]())
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("start", "run", "collect"))
+    raise SystemExit({"start": start, "run": run, "collect": collect}[ap.parse_args().command]())
