@@ -56,8 +56,7 @@ def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_
     work = tmp_path / "work"
     env.update(DRY_RUN="1", PARAMS=str(tmp_path / "tiny.yaml"), GROUPS="train-table6;evaluate-table6",
                KILL="train-table6", WORK=str(work), CARRY=str(tmp_path / "no_carry"), SITE=str(tmp_path / "site"),
-               PYTHON=str(python),
-               BUDGET_S="1500", HANDBACK_MIB="16")
+               PYTHON=str(python), BUDGET_S="1500", HANDBACK_MIB="16")
     assert "started" in check(checkout, python, env, "start")
     back: dict[str, Path] = {}
     for call in range(40):
@@ -71,6 +70,8 @@ def test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_
         time.sleep(1)
     else:
         raise AssertionError(f"not finished: {said}\n{(work / 'run.log').read_text()[-3000:]}")
+    log = (work / "run.log").read_text()
+    assert "error" not in log, log[-3000:]  # e.g. "No module named 'dpnrepro'" where src/ is not on PYTHONPATH
     assert "results.tar.gz" in back and ("artifacts.tar.gz" in back or "artifacts.tar.gz.part00" in back), back
     with tarfile.open(back["results.tar.gz"]) as tar:
         read = lambda name: tar.extractfile(f"res/{name}").read().decode()  # noqa: E731
