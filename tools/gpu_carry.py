@@ -131,7 +131,7 @@ def site_archive(whl: Path, out: Path, tmp: Path) -> None:
     site = tmp / "site"
     pip("install", "--no-deps", "--no-index", "--no-compile", "--target", str(site), *TARGET,
         *sorted(str(w) for w in whl.glob("*.whl")))
-    with tarfile.open(out, "w:xz", preset=9) as tar:
+    with tarfile.open(out, "w:xz") as tar:
         for f in sorted(site.iterdir()):
             if f.name != "bin":  # console scripts name this machine's Python; gpu_check.sh runs `python -m`
                 tar.add(f, f.name)
@@ -183,7 +183,7 @@ def main() -> None:
         if "lit" in groups and not args.no_data:  # gpu_check.sh unpacks them to /usr/share/wordnet there
             (new / "wordnet").mkdir()
             for name in WORDNET_FILES:
-                (new / "wordnet" / f"{name}.xz").write_bytes(lzma.compress((WORDNET / name).read_bytes(), preset=9))
+                (new / "wordnet" / f"{name}.xz").write_bytes(lzma.compress((WORDNET / name).read_bytes()))
         dirty = git("status", "--porcelain", "--untracked-files=no")
         (new / "git_rev").write_text(git("rev-parse", "HEAD") + ("-dirty" if dirty else "") + "\n")  # no .git travels
         lines = listing(new, dest, args.limit_mib)  # over the limit: stops here, and the folder stays as it was
