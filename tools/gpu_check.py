@@ -210,9 +210,7 @@ def repro_copy(c: int, mmcv: threading.Thread, resume: dict) -> None:
             (RES / f"stage_times_copy{c}.json").write_text(json.dumps(times, indent=1))
             job(f"copy{c}_group{g}" + (f"_killed_in_{killed}" if killed else ""), proc.returncode, t0)
             if not killed:
-                break
-        if proc.returncode != 0:
-            return
+                break  # a failed group does not stop the next ones (DVC's keep-going, a group at a time)
 
 
 def watch(proc: subprocess.Popen, rec: Path, d: Path, resume: dict | None) -> str | None:
