@@ -117,6 +117,7 @@ def wheels(groups: list[str], dest: Path, tmp: Path) -> None:
     pip("wheel", "--no-deps", "--no-binary", ":all:", "-w", str(dest), version)
     roots = sorted({r for g in groups for r in GROUPS[g]})
     report = json.loads(pip("install", "--dry-run", "--ignore-installed", "--report", "-", *TARGET,
+                            "--target", str(tmp / "dry-run"),  # pip < 24 takes platform options only with it
                             "--find-links", str(dest), "--find-links", str(torch_stub(tmp / "stub")),
                             "-c", constraints, f"torch=={TORCH}", *roots))
     args = missing(report, GPU_ENV)
@@ -172,6 +173,7 @@ def main() -> None:
             fail(f"{dest} is not git-ignored: it would travel twice (add it to .gitignore)")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:  # all or nothing: an old folder stays until the end
         new = Path(tmp) / dest.name
+        new.mkdir()
         wheels(groups, Path(tmp) / "whl", Path(tmp))
         site_archive(Path(tmp) / "whl", new / "site.tar.xz", Path(tmp))
         if "seg" in groups:  # mmcv: no py3.12 + torch 2.11 wheel; its sdist, built there (tools/build_mmcv.sh)
