@@ -52,8 +52,8 @@ profile:
 	$(BIN)/python -m dpnrepro.pipeline
 	@echo "params.yaml is now the $(PROFILE) profile; run: make repro"
 
-# .gpu_carry/ (git-ignored) for a GPU machine without network (benchmarks/measured/README.md): the wheels its
-# Python 3.12 + torch 2.11 environment lacks + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit" adds segmentation and LiT.
+# .gpu_carry/ (git-ignored) for a GPU machine without network (benchmarks/measured/README.md): what its Python 3.12
+# + torch 2.11 lacks, installed here into site.tar.xz, + Fashion-MNIST; GPU_CARRY_ARGS="--with seg,lit,data" adds more.
 gpu-carry: env
 	$(BIN)/python tools/gpu_carry.py $(GPU_CARRY_ARGS)
 

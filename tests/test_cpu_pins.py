@@ -160,8 +160,8 @@ def test_a_study_worker_refuses_without_the_pins():
 
 def test_a_measuring_tool_started_after_a_late_import_refuses_in_one_line(tmp_path):
     code = ("import sys, torch, runpy\n"
-            "sys.argv = ['tools/step_levers.py', '--summarize', sys.argv[1]]\n"
-            "runpy.run_path('tools/step_levers.py', run_name='__main__')")
+            "sys.argv = ['tools/photo_folder.py', sys.argv[1] + '/photos', '--train', '1']\n"
+            "runpy.run_path('tools/photo_folder.py', run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=stage_env(), capture_output=True,
                           text=True)
     assert proc.returncode == 2, proc.stderr

@@ -72,9 +72,7 @@ LONG = {
     "python stages/bench_input.py": "tests/test_benchmark.py::test_input_stage_cli_writes_outputs",
     "python stages/benchmark.py": "tests/test_benchmark.py::test_stage_cli_writes_outputs",
     "python -m pip download": "tests/test_gpu_carry.py::test_the_gpu_machines_packages_are_dropped_whatever_their_spelling",
-    "bash benchmarks/measured/run_gpu.sh": "tests/test_gpu_validation.py::test_dry_run_of_the_table1_call_trains_commits_packs_and_returns_one_results_file",
-    "bash benchmarks/measured/gpu_speed.sh": "tests/test_scripts_clean_shell.py::test_gpu_speed_dry_run_of_a_lever_from_a_clean_shell",
-    "bash benchmarks/measured/gpu_smoke.sh": "tests/test_gpu_smoke.py::test_the_dry_run_repros_twice_compares_every_output_hash_and_packs",
+    "bash benchmarks/measured/gpu_check.sh": "tests/test_gpu_check.py::test_the_dry_run_from_a_bare_checkout_repros_twice_resumes_a_killed_run_and_hands_back",
 }
 
 TEST_ID = re.compile(r"tests/test_\w+\.py(?:::\w+)?")
@@ -239,7 +237,7 @@ def test_cheap_commands_run_for_real_in_a_scratch_copy(scratch):
 
 def test_a_phase_the_script_does_not_define_is_caught():
     """The check that guards the GPU report's rerun command: a run directory passed where phases go fails."""
-    assert shell_script_problems(["bash", "benchmarks/measured/run_gpu.sh", "/tmp/gpu_bench"])
-    assert not shell_script_problems(["bash", "benchmarks/measured/run_gpu.sh", "env", "tests", "table1"])
+    assert shell_script_problems(["bash", "benchmarks/measured/gpu_check.sh", "/tmp/gpu_bench"])
+    assert not shell_script_problems(["bash", "benchmarks/measured/gpu_check.sh", "start", "collect"])
     assert unexplained([("x.md", "bash tools/nowhere.sh")])
     assert not unexplained([("x.md", "dvc repro table1")])

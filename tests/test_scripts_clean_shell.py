@@ -4,8 +4,7 @@ first, HOME, LANG; no CPU pins or thread settings inherited from this test proce
 Found by globbing, so a new script is covered without editing this file: every ``tools/*.py``, every
 ``python -m dpnrepro.*`` module with a ``__main__`` block. Each must answer ``--help`` with exit 0 (one
 test, whose failure lists every script with its exit code); a tiny real run follows wherever a cheap one
-exists, and the GPU drivers ``benchmarks/measured/*.sh`` run their CPU dry run of the jobs that call the
-tools (``gpu_smoke.sh``'s dry run is tests/test_gpu_smoke.py's). Every stage and tool imports dpnrepro before
+exists (the GPU check's dry run, ``benchmarks/measured/gpu_check.sh``, is tests/test_gpu_check.py's). Every stage and tool imports dpnrepro before
 numpy, torch or cv2, so that none refuses for want of the CPU pins."""
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ def _run(cmd: list[str], cwd: Path = REPO, timeout: int = 300, **env) -> subproc
 
 
 def test_the_globs_find_the_scripts():
-    assert {"tools/trainer_loop.py", "tools/photo_folder.py", "tools/step_profile.py", "tools/lock_diff.py"} <= set(TOOLS)
+    assert {"tools/gpu_check.py", "tools/photo_folder.py", "tools/gpu_carry.py", "tools/lock_diff.py"} <= set(TOOLS)
     assert "dpnrepro.pipeline" in MODULES and "dpnrepro.determinism.fingerprint" in MODULES
 
 
@@ -60,30 +59,6 @@ def test_lock_diff_and_set_params_run_from_a_clean_shell(tmp_path):
     edit = _run([sys.executable, "tools/set_params.py", "--file", str(params), "runtime.workers=3"])
     assert edit.returncode == 0, edit.stderr
     assert "workers: 3" in params.read_text()
-
-
-def _dry_run_jobs(script: str, phase: str, tmp_path: Path, **env) -> dict[str, str]:
-    """``DRY_RUN=1 bash benchmarks/measured/<script> <phase>`` from a clean shell; ``{job: rc}`` of jobs.tsv."""
-    res = tmp_path / "res"
-    proc = _run(["bash", f"benchmarks/measured/{script}", phase], timeout=600, DRY_RUN="1", PYTHON=sys.executable,
-                RES=str(res), OUT=str(tmp_path / "out"), BUDGET_S="400", MIN_JOB_S="1", **env)
-    rows = [line.split("\t") for line in (res / "jobs.tsv").read_text().splitlines() if "\trc=" in line] \
-        if (res / "jobs.tsv").exists() else []
-    assert rows, f"{script} {phase} ran no job (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-    jobs = {row[0]: row[1] for row in rows}
-    logs = "\n".join(f"--- {name}:\n{(res / f'{name}.log').read_text()[-1500:]}" for name, rc in jobs.items()
-                     if rc != "rc=0" and (res / f"{name}.log").exists())
-    assert all(rc == "rc=0" for rc in jobs.values()), f"{script} {phase}: {jobs}\n{logs}"
-    return jobs
-
-
-def test_run_gpu_dry_run_of_the_trainer_loop_from_a_clean_shell(tmp_path):
-    assert _dry_run_jobs("run_gpu.sh", "loop", tmp_path) == {"loop_dry": "rc=0"}
-
-
-def test_gpu_speed_dry_run_of_a_lever_from_a_clean_shell(tmp_path):
-    assert _dry_run_jobs("gpu_speed.sh", "levers", tmp_path, LEVERS="baseline") == {"levers": "rc=0"}
-
 
 
 def _imports_before_dpnrepro(path: Path) -> str:

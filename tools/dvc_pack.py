@@ -1,6 +1,6 @@
 """DVC outputs carried between machines without a shared remote: a run's outputs packed as one file
 (``dvc push`` to a local remote, tarred), unpacked elsewhere (``dvc pull``) and regenerated into reports
-without training a step. Made for GPU runs on a lent machine (benchmarks/measured/run_gpu.sh), read on a CPU.
+without training a step. Made for GPU runs on a lent machine (benchmarks/measured/gpu_check.sh), read on a CPU.
 
 On the machine that ran the stages::
 
@@ -62,7 +62,7 @@ def uncached_outputs(root: Path, stages: list[str]) -> list[str]:
 
 
 def _rev(root: Path) -> str | None:
-    """The checkout's git revision; on a lent machine (no .git travels) GIT_REV, which run_gpu.sh sets."""
+    """The checkout's git revision; on a lent machine (no .git travels) GIT_REV, which gpu_check.sh sets."""
     if os.environ.get("GIT_REV"):
         return os.environ["GIT_REV"]
     proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)

