@@ -49,8 +49,20 @@ def open_repo(root: Path | str = ".") -> Iterator:
     from dvc.repo import Repo
 
     root = Path(root).resolve()
-    with contextlib.chdir(root), Repo(str(root), uninitialized=not (root / ".dvc").is_dir()) as repo:
+    with _working_directory(root), Repo(str(root), uninitialized=not (root / ".dvc").is_dir()) as repo:
         yield repo
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path) -> Iterator[None]:
+    """The working directory at ``path`` for the block, then back (``contextlib.chdir`` is Python 3.11+;
+    pyproject allows 3.10)."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def address(stage, root_dir: str) -> str:
