@@ -318,7 +318,7 @@ def test_table3_fine_tuning_seeds_of_one_pretrained_pair_never_decide_and_groups
     md, png, _ = build_transfer_table(3, tmp_path / "metrics", tmp_path / "reports")
     text = md.read_text()
     assert "| natural | SVHN (MNIST) | 10.0 |" in text and "| +10.17 ± " in text and "**+10.17" not in text
-    assert "Verdicts (" in text and "none (not resolved (1 pretraining run))." in text and png.stat().st_size > 0
+    assert "Verdicts (" in text and "none: not resolved (1 pretraining run)." in text and png.stat().st_size > 0
     assert "| natural | Caltech101 | 87.1 | 87.7 | +0.6 | 86.1 | 86.6 | +0.5 |" in text  # paper, from table3.yaml
 
 

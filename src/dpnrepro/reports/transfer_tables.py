@@ -172,7 +172,7 @@ def render_table3(metrics: dict, summary: dict) -> str:
                   for k, d in e.items() if k.startswith("delta_") and d.get("why")})
     lines += [f"Verdicts (95 % CI of Δ excludes 0, >= {MIN_PAIRS} independently pretrained pairs, both sides "
               f"learned): {', '.join(decided) if decided else 'none'}"
-              + (f"; {' / '.join(why)} for the others" if why and decided else f" ({' / '.join(why)})" if why else "")
+              + (f"; {' / '.join(why)} for the others" if why and decided else f": {' / '.join(why)}" if why else "")
               + ".", "",
               "![Table 3 figure](table3.png)", ""]
     return "\n".join(lines)
