@@ -162,3 +162,17 @@ def test_table2_draws_are_averaged_within_each_seed_and_judged_over_seeds(seeds)
     assert delta["n"] == delta["training_pairs"] == seeds and delta["over"] == "seeds"
     assert delta["per_seed"] == pytest.approx([6.0 + 0.1 * s for s in range(seeds)])
     assert delta["verdict"] == ("better" if seeds >= stats.MIN_PAIRS else "not resolved")
+
+
+def test_table5_pairs_fine_tunes_by_pretraining_and_scratch_runs_by_seed():
+    from dpnrepro.errors import UserError
+
+    seg = {"pretrained": "runs/table1/Mu-7_<stem>_s0", "chance": {"mIoU": 2.0}, "runs": {
+        f"{stem}{seed}": {"stem": stem, "fraction": "1", "seed": seed, "mIoU": 30.0 + 5 * (stem == "dpn") + seed}
+        for stem in ("conv", "dpn") for seed in range(4)}}
+    fine_tuned = table5.summarize(seg)["1"]["delta_dpn"]
+    assert fine_tuned["training_pairs"] == 1 and stats.verdict_text(fine_tuned) == "not resolved (1 pretraining run)"
+    scratch = table5.summarize({**seg, "pretrained": None})["1"]["delta_dpn"]
+    assert scratch["training_pairs"] == 4 and scratch["verdict"] == "better"
+    with pytest.raises(UserError, match="names no pretraining seed"):
+        table5.summarize({**seg, "pretrained": "runs/table1/elsewhere"})

@@ -4,8 +4,8 @@ Ours come from ``metrics/seg.json`` alone (stages/segment.py): per (stem, fracti
 its 95 % t-interval over seeds, and DPN − base paired by seed (same seed = same training subset and
 data order). Fine-tunes of one pretrained pair (``segmentation.pretrained_seed``) are judged over the
 pretrained pairs (:func:`dpnrepro.stats.paired_by_pretraining`): their seeds narrow the estimate, and one
-pretraining run gives ``not resolved (1 pretraining run)``. Base is the ``conv`` stem, as in the paper's B/16. Every cell also carries ``chance``, the
-validation set's constant-prediction mIoU (segmentation/chance.py), and ``learned``: whether the cell's
+pretraining run gives ``not resolved (1 pretraining run)``. Base is the ``conv`` stem, as in the paper's
+B/16. Every cell also carries ``chance``, the validation set's constant-prediction mIoU (segmentation/chance.py), and ``learned``: whether the cell's
 mean clears it by :data:`LEARNED_MARGIN` mIoU points (the project's one rule, :func:`dpnrepro.stats.learned`,
 with this table's margin); a Δ is ``learned`` when both of its sides are (:func:`dpnrepro.stats.learned_delta`).
 """
