@@ -252,3 +252,87 @@ def test_the_pipeline_helper_refuses_an_unknown_stage_in_one_line(command):
     proc = run([sys.executable, "-m", "dpnrepro.dvc_graph", command, "no_such_stage"], REPO, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert "no_such_stage" in proc.stderr
+
+
+# DVC's internals (no dvc.api for stages, their graph, reproduce or status): dpnrepro.dvc_graph is the one
+# module that uses them; these pin what it relies on, so a DVC upgrade that changes them fails here.
+PUBLIC_DVC = ("dvc.api", "dvc.exceptions")
+
+
+def _dvc_imports(path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    return [m for m in names if m == "dvc" or m.startswith("dvc.")]
+
+
+def test_only_dvc_graph_imports_dvc_internals():
+    tracked = run(["git", "ls-files", "*.py"], REPO).stdout.split()
+    owner = "src/dpnrepro/dvc_graph.py"
+    internal = {p: [m for m in _dvc_imports(REPO / p) if not m.startswith(PUBLIC_DVC)]
+                for p in tracked if (REPO / p).is_file() and p not in (owner, "tests/test_dvc_workflow.py")}
+    assert not {p: m for p, m in internal.items() if m}
+    assert set(_dvc_imports(REPO / owner)) - set(PUBLIC_DVC) == {"dvc.repo", "dvc.repo.reproduce", "dvc.logger"}
+
+
+def test_the_dvc_internals_dvc_graph_relies_on_keep_their_signatures():
+    import inspect
+
+    from dvc.logger import setup
+    from dvc.output import Output as DvcOutput
+    from dvc.repo import Repo
+    from dvc.repo import reproduce as repro_module
+    from dvc.repo.stage import StageLoad
+
+    def params(fn) -> dict:
+        return inspect.signature(fn).parameters
+
+    kind = inspect.Parameter
+    assert list(params(repro_module._reproduce_stage)) == ["stage", "kwargs"]
+    assert params(repro_module._reproduce_stage)["kwargs"].kind is kind.VAR_KEYWORD
+    # Repo.reproduce(targets, single_item=, **kwargs) hands **kwargs (force, dry, repro_fn) to _reproduce, whose
+    # repro_fn is called per stage as repro_fn(stage, upstream=, force=, **kwargs) instead of _reproduce_stage
+    reproduce = params(Repo.reproduce)
+    assert list(reproduce)[:2] == ["self", "targets"] and {"single_item", "kwargs"} <= set(reproduce)
+    assert params(repro_module._reproduce)["repro_fn"].default is repro_module._reproduce_stage
+    assert "repro_fn(stage, upstream=upstream, force=force_stage, **kwargs)" in inspect.getsource(repro_module._reproduce)
+    assert list(params(StageLoad.collect))[:2] == ["self", "target"]
+    assert list(params(Repo.status))[:2] == ["self", "targets"]
+    assert "uninitialized" in params(Repo.__init__)
+    assert "index" in vars(Repo)  # the cached index (its graph); repo.stage: the behaviour test below
+    assert {"persist", "metric", "plot"} <= set(params(DvcOutput.__init__))  # flags read back as attributes
+    assert list(params(setup)) == ["level", "log_colors"]  # dvc.logger.setup(): DVC's log on the terminal
+
+
+def test_the_dvc_internals_dvc_graph_relies_on_behave_as_it_expects(tmp_path):
+    """On a real project: ``repro_fn`` gets each stage with ``upstream``/``force`` and its return value is
+    ``_reproduce_stage``'s (None: up to date); ``index.graph`` is a networkx DiGraph with an edge from a stage
+    to the stage it depends on; ``stage.collect`` of an address gives that one stage."""
+    from pathlib import Path
+
+    import networkx as nx
+
+    from dpnrepro import dvc_graph
+
+    root = _sub_folder_project(tmp_path / "p")
+    calls = []
+    with dvc_graph.open_repo(root) as repo:
+        graph = repo.index.graph
+        make, = repo.stage.collect("sub/dvc.yaml:make")
+        raw, = repo.stage.collect("raw")
+        assert isinstance(graph, nx.DiGraph) and graph.has_edge(make, raw) and not graph.has_edge(raw, make)
+        out = make.outs[1]  # hint.txt: persist, not cached
+        assert (Path(out.fs_path).name, out.use_cache, out.persist, out.metric, out.plot) == \
+            ("hint.txt", False, True, False, False)
+        from dvc.repo.reproduce import _reproduce_stage
+
+        def spy(stage, **kwargs):
+            result = _reproduce_stage(stage, **kwargs)
+            calls.append((dvc_graph.address(stage, repo.root_dir), {"upstream", "force"} <= set(kwargs), result))
+            return result
+
+        repo.reproduce(["raw"], repro_fn=spy, single_item=True)
+        repo.reproduce(["raw"], repro_fn=spy, single_item=True)
+    assert [(name, ok, result is None) for name, ok, result in calls] == [("raw", True, False), ("raw", True, True)]

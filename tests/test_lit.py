@@ -322,7 +322,7 @@ def _lit_delta(towers: int, lit_seeds: int) -> dict:
 def test_table4_lit_seeds_of_one_pair_of_towers_never_decide():
     one_pair = _lit_delta(towers=1, lit_seeds=5)  # LiT's noise over a single pretraining pair: not the method's
     assert one_pair["mean"] > 4.8 and one_pair["low"] > 0
-    assert one_pair["verdict"] == "not resolved" and one_pair["why"] == "1 training run"
+    assert one_pair["verdict"] == "not resolved" and one_pair["why"] == "1 pretraining run"
     three = _lit_delta(towers=3, lit_seeds=1)  # three independently pretrained pairs of towers
     assert three["training_pairs"] == 3 and three["verdict"] == "better"
 

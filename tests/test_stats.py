@@ -29,6 +29,18 @@ def test_paired_t_matches_scipy_ttest_rel():
     # the interval is the t-interval of the differences, not of either side
     assert res["ci95"] == pytest.approx(sps.t.ppf(0.975, 4) * d.std(ddof=1) / math.sqrt(5), rel=1e-9)
     assert res["verdict"] == "better" and res["n"] == 5
+    ci = ref.confidence_interval(0.95)
+    assert (res["low"], res["high"]) == (float(ci.low), float(ci.high))  # scipy's interval, bit for bit
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 10])
+def test_paired_t_interval_and_p_are_scipys_for_every_size(n):
+    rng = np.random.default_rng(n)
+    a, b = rng.normal(70, 2, n), rng.normal(69, 2, n)
+    res, ref = paired_test(list(a), list(b), training_pairs=n), sps.ttest_rel(a, b)
+    ci = ref.confidence_interval(0.95)
+    assert (res["low"], res["high"], res["p"]) == (float(ci.low), float(ci.high), float(ref.pvalue))
+    assert res["ci95"] == pytest.approx((ci.high - ci.low) / 2, rel=1e-12)
 
 
 def test_pairing_matters():
@@ -143,10 +155,15 @@ def test_bootstrap_is_seeded_and_matches_hand_computation():
     r1 = paired_test(DPN, BASE, training_pairs=5, method="bootstrap", resamples=2000, seed=7)
     r2 = paired_test(DPN, BASE, training_pairs=5, method="bootstrap", resamples=2000, seed=7)
     assert r1 == r2
+    ref = sps.bootstrap((np.array(DPN), np.array(BASE)), lambda t, c, axis: np.mean(t - c, axis=axis),
+                        paired=True, vectorized=True, n_resamples=2000, method="percentile",
+                        rng=np.random.default_rng(7))
+    assert (r1["low"], r1["high"]) == (float(ref.confidence_interval.low), float(ref.confidence_interval.high))
     d = np.subtract(DPN, BASE)
     means = d[np.random.default_rng(7).integers(0, 5, size=(2000, 5))].mean(axis=1)  # 2000 resamples of 5 pairs
     assert (r1["low"], r1["high"]) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
     assert r1["p"] == 0.0 and r1["verdict"] == "better"  # every resampled mean is above 0
+    assert paired_test(DPN, BASE, training_pairs=5, method="bootstrap", resamples=2000, seed=8) != r1
     mixed = paired_test([1.0, -1.0, 0.5, -0.4], [0, 0, 0, 0], training_pairs=4, method="bootstrap", resamples=4000)
     assert 0.3 < mixed["p"] <= 1 and mixed["verdict"] == "not resolved"
 

@@ -79,6 +79,53 @@ def test_every_report_takes_its_verdict_from_paired_test(monkeypatch):
     assert calls
 
 
+def _seeds(metrics: dict) -> set:
+    return {run["seed"] for run in metrics["runs"].values()}
+
+
+def _independent_pairs() -> dict[str, int | dict[str, int]]:
+    """Each report's independent training pairs, counted from its metrics alone: the training seeds of runs
+    trained from scratch (and of fine-tunes whose seed s starts from pretraining run s: Tables 1 and 2
+    right), the pretraining seeds of fine-tunes of given pretrained pairs (Table 3: ``init_seed``; Table 4:
+    the towers' ``tower_seed``; Table 5: the seed in ``pretrained``), one for a model trained once per row
+    (Table 7); for Tables 1 and 2 per sweep."""
+    seg = _metrics("seg")
+    return {
+        **{f"table{n}": {s: len(_seeds(_metrics(s))) for s in tables.table_sweeps(n)
+                         if (REPO / "metrics" / f"{s}.json").exists()} for n in (1, 2)},
+        "table3": len({_metrics("vtab")["init_seed"]}),
+        "table4": len({run["tower_seed"] for run in _metrics("lit")["runs"].values()}),
+        "table5": len({seg["pretrained"]}) if seg["pretrained"] else len(_seeds(seg)),
+        "table6": len(_seeds(_metrics("table6"))),
+        "table7": len({_metrics("sun397_scratch")["seed"]}),
+        "figure1": len(_seeds(_metrics("figure1"))),
+    }
+
+
+def test_every_verdict_counts_independent_training_runs():
+    """Every Δ's ``training_pairs`` is the number of independent training pairs behind it: fine-tuning
+    seeds of one pretrained pair (Tables 3 and 5) and LiT seeds of one pair of towers (Table 4) narrow the
+    estimate but are not training runs, so with fewer than MIN_PAIRS pretrained pairs no Δ is decided."""
+    expected = _independent_pairs()
+    summaries = _summaries()
+    for n in (1, 2):
+        for sweep, pairs in expected[f"table{n}"].items():
+            deltas = index.all_deltas(summaries[f"table{n}"][0][sweep])
+            assert deltas and all(d["training_pairs"] == pairs for d in deltas), (sweep, pairs, deltas)
+    for report in ("table3", "table4", "table5", "table6", "table7", "figure1"):
+        deltas = summaries[report][1]
+        assert deltas, report
+        wrong = [(d["training_pairs"], d["n"]) for d in deltas if d["training_pairs"] != expected[report]]
+        assert not wrong, (report, expected[report], wrong)
+        if expected[report] < stats.MIN_PAIRS:
+            assert {d["verdict"] for d in deltas} == {"not resolved"}, report
+    assert expected["table3"] == expected["table5"] == 1  # every profile fine-tunes one pretrained pair
+    for report in ("table3", "table4", "table5"):
+        assert {stats.verdict_text(d) for d in summaries[report][1]} == {"not resolved (1 pretraining run)"}, report
+    for delta in summaries["study"][1]:  # the study trains every seed from scratch
+        assert delta["over"] == "seeds" and delta["training_pairs"] == len(delta["seeds"]) == delta["n"]
+
+
 def test_no_other_module_compares_an_interval_to_zero():
     """Only :mod:`dpnrepro.stats` turns an interval into better / worse."""
     deciding = re.compile(r"outside_ci|\"better\" if|\"worse\" if|\bverdict\(|low\"?\]? > 0|high\"?\]? < 0")
@@ -115,3 +162,17 @@ def test_table2_draws_are_averaged_within_each_seed_and_judged_over_seeds(seeds)
     assert delta["n"] == delta["training_pairs"] == seeds and delta["over"] == "seeds"
     assert delta["per_seed"] == pytest.approx([6.0 + 0.1 * s for s in range(seeds)])
     assert delta["verdict"] == ("better" if seeds >= stats.MIN_PAIRS else "not resolved")
+
+
+def test_table5_pairs_fine_tunes_by_pretraining_and_scratch_runs_by_seed():
+    from dpnrepro.errors import UserError
+
+    seg = {"pretrained": "runs/table1/Mu-7_<stem>_s0", "chance": {"mIoU": 2.0}, "runs": {
+        f"{stem}{seed}": {"stem": stem, "fraction": "1", "seed": seed, "mIoU": 30.0 + 5 * (stem == "dpn") + seed}
+        for stem in ("conv", "dpn") for seed in range(4)}}
+    fine_tuned = table5.summarize(seg)["1"]["delta_dpn"]
+    assert fine_tuned["training_pairs"] == 1 and stats.verdict_text(fine_tuned) == "not resolved (1 pretraining run)"
+    scratch = table5.summarize({**seg, "pretrained": None})["1"]["delta_dpn"]
+    assert scratch["training_pairs"] == 4 and scratch["verdict"] == "better"
+    with pytest.raises(UserError, match="names no pretraining seed"):
+        table5.summarize({**seg, "pretrained": "runs/table1/elsewhere"})

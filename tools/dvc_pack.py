@@ -206,9 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     u.add_argument("pack", type=Path)
     u.add_argument("--repro", nargs="*", default=[], help="dvc repro targets to regenerate from the pulled outputs")
     args = ap.parse_args(argv)
-    from dvc.logger import setup
-
-    setup()  # DVC's own progress lines (the stages it runs) on the terminal
+    dvc_graph.log_to_terminal()  # DVC's own progress lines (the stages it runs) on the terminal
     try:
         if args.cmd == "pack":
             files = pack(args.out, args.stages, args.compare, extra=args.extra)

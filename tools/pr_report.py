@@ -3,9 +3,9 @@
     python tools/pr_report.py --base REV [--out FILE] [--link-prefix URL | --artifact-url URL]
     make pr-report BASE=REV [OUT=FILE]
 
-Compares the git revision BASE with this checkout (after ``dvc repro``): the params that changed (DVC's
-``params diff``), the stages that reran (the stage entries of ``dvc.lock`` that differ), every headline
-metric that moved (``metrics/headline/``, read with DVC's ``metrics show``), the verdicts that flipped and the
+Compares the git revision BASE with this checkout (after ``dvc repro``): the params that changed
+(``dvc.api.params_show`` at both), the stages that reran (the stage entries of ``dvc.lock`` that differ), every
+headline metric that moved (``metrics/headline/``, read with ``dvc.api.metrics_show(rev=)``), the verdicts that flipped and the
 tables and figures under ``reports/`` whose bytes changed. Links are relative to the report's folder, or
 start with ``--link-prefix`` (a URL of the repository's files); CI, whose files were regenerated and not
 committed, names them and links ``--artifact-url`` (the run's uploaded ``reports/``) instead. Exit 2
@@ -73,22 +73,68 @@ def flatten(tree, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def params_changed(repo, base: str) -> list[dict]:
-    """``[{file, param, old, new}]`` from DVC's params diff (BASE against the workspace)."""
-    diff = repo.params.diff(a_rev=base, b_rev=WORKSPACE).get("diff", {})
-    return [{"file": file, "param": param, "old": change.get("old"), "new": change.get("new")}
-            for file, changes in sorted(diff.items()) for param, change in sorted(changes.items())]
+def _differs(root: Path, base: str, rel: str) -> bool:
+    """Whether ``rel`` may differ between BASE and the workspace: its bytes differ, or git at BASE does not
+    hold it (a DVC-cached file, or none: DVC says which)."""
+    old = file_at(root, base, rel)
+    return old is None or old != file_at(root, WORKSPACE, rel)
 
 
-def headline_metrics(repo, base: str) -> dict[str, dict[str, dict]]:
-    """``{rev: {table: {dotted key: leaf}}}`` of every headline metrics file at BASE and in the workspace
-    (DVC's metrics show; a file a revision lacks is left out of it)."""
-    shown = repo.metrics.show(revs=[base], hide_workspace=False)
+def _shown(show, rel: str, root: Path, base: str) -> dict[str, dict]:
+    """``{rev: flattened content}`` of ``rel`` at BASE and in the workspace, read by ``show`` (``dvc.api``'s
+    ``params_show`` / ``metrics_show`` of one file, so its keys are its own); a revision without it is left out."""
     out = {}
-    for rev, label in ((base, "base"), (WORKSPACE, "head")):
-        files = shown.get(rev, {}).get("data", {})
-        out[label] = {Path(path).stem: flatten(entry["data"]) for path, entry in files.items()
-                      if path.startswith(HEADLINE_DIR) and "data" in entry}
+    for rev in (base, WORKSPACE):
+        try:  # an absolute target: DVC resolves a relative one against the working directory, not the repo
+            out[rev] = flatten(show(str(root / rel), repo=str(root), rev=None if rev == WORKSPACE else rev))
+        except FileNotFoundError:
+            if file_at(root, rev, rel) is not None:
+                raise ReportError(f"DVC does not find {rel} at {rev}, though git has it") from None
+    return out
+
+
+def params_files(root: Path, base: str) -> list[str]:
+    """The params files the stages read (each dvc.lock's ``params`` at BASE and in the workspace), and
+    ``params.yaml``."""
+    files = {"params.yaml"}
+    for rev in (base, WORKSPACE):
+        files |= {f for entry in stage_entries(root, rev).values() for f in (entry.get("params") or {})}
+    return sorted(files)
+
+
+def params_changed(root: Path, base: str) -> list[dict]:
+    """``[{file, param, old, new}]``: each params file's values that differ between BASE and the workspace,
+    read with ``dvc.api.params_show`` (only files whose bytes differ are read)."""
+    import dvc.api
+
+    rows = []
+    for rel in params_files(root, base):
+        if not _differs(root, base, rel):
+            continue
+        shown = _shown(dvc.api.params_show, rel, root, base)
+        old, new = shown.get(base, {}), shown.get(WORKSPACE, {})
+        rows += [{"file": rel, "param": key, "old": old.get(key), "new": new.get(key)}
+                 for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    return rows
+
+
+def headline_metrics(root: Path, base: str) -> dict[str, dict[str, dict]]:
+    """``{"base" | "head": {table: {dotted key: leaf}}}`` of every headline metrics file at BASE and in the
+    workspace, read with ``dvc.api.metrics_show(rev=)`` (a file a revision lacks is left out of it; a file
+    whose bytes are the same at both is read in neither, as nothing in it moved)."""
+    import dvc.api
+
+    listed = git(root, "ls-tree", "--name-only", f"{base}:{HEADLINE_DIR}", check=False).stdout.decode().split()
+    names = {HEADLINE_DIR + n for n in listed if n.endswith(".json")} | {
+        f"{HEADLINE_DIR}{p.name}" for p in (root / HEADLINE_DIR).glob("*.json")}
+    out: dict[str, dict] = {"base": {}, "head": {}}
+    for rel in sorted(names):
+        if not _differs(root, base, rel):
+            continue
+        shown = _shown(dvc.api.metrics_show, rel, root, base)
+        for rev, label in ((base, "base"), (WORKSPACE, "head")):
+            if rev in shown:
+                out[label][Path(rel).stem] = shown[rev]
     return out
 
 
@@ -203,12 +249,10 @@ def render(base_label: str, base_sha: str, found: dict, link, artifact_url: str 
 def collect(root: Path, base_sha: str, exclude: set[str]) -> dict:
     """Everything the report lists, BASE against the workspace of the DVC project at ``root``."""
     from dvc.exceptions import DvcException
-    from dvc.repo import Repo
 
     try:
-        with Repo(str(root)) as repo:
-            params = params_changed(repo, base_sha)
-            metrics = headline_metrics(repo, base_sha)
+        params = params_changed(root, base_sha)
+        metrics = headline_metrics(root, base_sha)
     except DvcException as exc:
         raise ReportError(f"DVC cannot read {root}: {str(exc).splitlines()[0]}") from None
     return {"params": params, "stages": rerun_stages(root, base_sha), "verdicts": flipped_verdicts(metrics),

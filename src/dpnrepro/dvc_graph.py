@@ -11,6 +11,14 @@ Three questions, for the stages of every ``dvc.yaml`` in the project (``dvc.yaml
 
 Reading (outputs, upstream stages) takes no repository lock, so a stage can ask about itself while
 ``dvc repro`` holds the lock (cli.restore_hint). ``dvc`` is imported on first use, not with this module.
+
+``dvc.api`` has none of this (it reads params, metrics and data, not stages), so this is the one module of
+the project that uses DVC's internals: ``dvc.repo.Repo`` (``stage.collect``, ``index.graph``, ``reproduce``
+with ``repro_fn=`` wrapping ``dvc.repo.reproduce._reproduce_stage``, ``status``), a stage's ``outs``
+(``fs_path``, ``use_cache``, ``persist``, ``metric``, ``plot``) and ``dvc.logger.setup``. Elsewhere the project
+uses ``dvc.api`` and ``dvc.exceptions`` only; ``tests/test_dvc_workflow.py`` pins these internals'
+signatures and behaviour (and that no other module imports them), so a DVC upgrade that changes them fails
+there first.
 """
 
 from __future__ import annotations
@@ -49,8 +57,20 @@ def open_repo(root: Path | str = ".") -> Iterator:
     from dvc.repo import Repo
 
     root = Path(root).resolve()
-    with contextlib.chdir(root), Repo(str(root), uninitialized=not (root / ".dvc").is_dir()) as repo:
+    with _working_directory(root), Repo(str(root), uninitialized=not (root / ".dvc").is_dir()) as repo:
         yield repo
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path) -> Iterator[None]:
+    """The working directory at ``path`` for the block, then back (``contextlib.chdir`` is Python 3.11+;
+    pyproject allows 3.10)."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def address(stage, root_dir: str) -> str:
@@ -149,6 +169,13 @@ def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, lis
             raise UserError(f"dvc status {' '.join(targets)}: {exc}".replace("\n", " ")) from None
 
 
+def log_to_terminal() -> None:
+    """DVC's own log (the stages it runs, its progress lines) on the terminal, as the ``dvc`` command shows it."""
+    from dvc.logger import setup
+
+    setup()
+
+
 def main(argv: list[str] | None = None) -> None:
     """``repro`` as ``dvc repro`` (DVC's own log on the terminal), the stages it ran and their seconds written as
     JSON (``--times``); ``status``: the stale stages as JSON on stdout."""
@@ -165,9 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "repro":
-            from dvc.logger import setup
-
-            setup()
+            log_to_terminal()
             reproduce(args.targets, record=args.times, force=args.force, single_item=args.single_item)
         else:
             print(json.dumps(status(args.targets), indent=1))

@@ -16,6 +16,8 @@ over >= 3 runs):
   first, so the CI and the verdict are over seeds. Draws of one trained pair measure evaluation noise,
   not training noise: with a single shared seed the Δ and its spread over the draws are reported, never
   a verdict.
+* ``paired_by_pretraining``: the same for fine-tunes (Tables 3, 4, 5): the independent pairs are the
+  pretrained pairs, and fine-tuning seeds are averaged within each like draws.
 """
 
 from __future__ import annotations
@@ -53,17 +55,19 @@ def _differences(treated: Sequence[float], control: Sequence[float]) -> list[flo
 
 def paired_test(treated: Sequence[float], control: Sequence[float], *, training_pairs: int,
                 method: Literal["t", "bootstrap"] = "t", resamples: int = BOOTSTRAP_RESAMPLES,
-                seed: int = BOOTSTRAP_SEED) -> dict:
+                seed: int = BOOTSTRAP_SEED, unit: str = "training run") -> dict:
     """Paired comparison of treated vs control, and the project's one verdict:
     ``{mean, ci95, low, high, p, test, n, training_pairs, verdict[, why]}``.
 
     ``training_pairs`` is the number of independent training pairs (seeds) the values come from: equal to
     the number of values when each is one seed's (draws already averaged within the seed), smaller when
     the values are few-shot draws of fewer training runs (then the interval is the draws' spread and the
-    verdict is ``not resolved``). ``mean`` is the mean difference; ``low``/``high`` its 95 % CI
-    (t-interval, or bootstrap percentile interval); ``ci95`` the half-width of the t-interval (None for the
-    bootstrap, whose interval need not be symmetric); ``p`` the two-sided p-value for "mean difference = 0"
-    (None with fewer than 2 values or when every difference is the same, where the t statistic is
+    verdict is ``not resolved``). ``unit`` names what is independent (``"pretraining run"`` where the
+    pairs are fine-tunes of pretrained pairs) in ``why``. ``mean`` is the mean difference; ``low``/``high``
+    its 95 % CI (``scipy.stats.ttest_rel(...).confidence_interval()``, or ``scipy.stats.bootstrap``'s
+    paired percentile interval with a seeded generator); ``ci95`` the half-width of the t-interval (None for
+    the bootstrap, whose interval need not be symmetric); ``p`` the two-sided p-value for "mean difference
+    = 0" (None with fewer than 2 values or when every difference is the same, where the t statistic is
     undefined). ``why`` says why too few training runs leave the difference ``not resolved``.
     """
     d = _differences(treated, control)
@@ -74,37 +78,57 @@ def paired_test(treated: Sequence[float], control: Sequence[float], *, training_
         raise ValueError(f"training_pairs must be an int from 1 to the {n} values, got {training_pairs!r}")
     if method not in ("t", "bootstrap"):
         raise ValueError(f"unknown test {method!r}; use 't' or 'bootstrap'")
-    mean, half = mean_ci95(d)
-    out = {"mean": mean, "ci95": half, "low": None, "high": None, "p": None, "n": n,
+    mean = math.fsum(d) / n
+    out = {"mean": mean, "ci95": None, "low": None, "high": None, "p": None, "n": n,
            "training_pairs": training_pairs,
            "test": "paired t-test (two-sided)" if method == "t" else
            f"paired bootstrap ({resamples} resamples, seed {seed}, percentile CI)"}
     if n >= 2:
-        if method == "t":
-            out["low"], out["high"] = mean - half, mean + half
-            sd = math.sqrt(math.fsum((v - mean) ** 2 for v in d) / (n - 1))
-            if sd > 0:
-                from scipy.stats import t
-
-                out["p"] = float(2 * t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
-        else:
-            import numpy as np
-
-            rng = np.random.default_rng(seed)
-            arr = np.asarray(d, dtype=np.float64)
-            means = arr[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
-            out["ci95"] = None
-            out["low"], out["high"] = (float(v) for v in np.quantile(means, [ALPHA / 2, 1 - ALPHA / 2]))
-            out["p"] = float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
+        out.update(_paired_t(treated, control, d) if method == "t" else
+                   _paired_bootstrap(treated, control, resamples, seed))
     if training_pairs < MIN_PAIRS:
         out["verdict"] = "not resolved"
-        out["why"] = f"{training_pairs} training run{'s' if training_pairs > 1 else ''}"
+        out["why"] = f"{training_pairs} {unit}{'s' if training_pairs > 1 else ''}"
     elif training_pairs < n:
         out["verdict"] = "not resolved"
         out["why"] = "draws not averaged within each seed"
     else:
         out["verdict"] = _ci_side(out["low"], out["high"])
     return out
+
+
+def _paired_t(treated: Sequence[float], control: Sequence[float], d: list[float]) -> dict:
+    """``{ci95, low, high, p}`` of ``scipy.stats.ttest_rel``; every difference the same: the interval is that
+    difference and ``p`` None (the t statistic is undefined)."""
+    if len(set(d)) == 1:
+        return {"ci95": 0.0, "low": d[0], "high": d[0], "p": None}
+    from scipy.stats import ttest_rel
+
+    res = ttest_rel(treated, control)
+    ci = res.confidence_interval(confidence_level=1 - ALPHA)
+    low, high = float(ci.low), float(ci.high)
+    return {"ci95": (high - low) / 2, "low": low, "high": high, "p": float(res.pvalue)}
+
+
+def _paired_bootstrap(treated: Sequence[float], control: Sequence[float], resamples: int, seed: int) -> dict:
+    """``{ci95: None, low, high, p}`` of ``scipy.stats.bootstrap(paired=True)`` of the mean difference
+    (percentile interval, generator seeded with ``seed``); ``p`` twice the smaller share of resampled means
+    on either side of 0."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    res = bootstrap((np.asarray(treated, dtype=np.float64), np.asarray(control, dtype=np.float64)),
+                    _mean_difference, n_resamples=resamples, paired=True, vectorized=True,
+                    confidence_level=1 - ALPHA, method="percentile", rng=np.random.default_rng(seed))
+    means = res.bootstrap_distribution
+    return {"ci95": None, "low": float(res.confidence_interval.low), "high": float(res.confidence_interval.high),
+            "p": float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))}
+
+
+def _mean_difference(treated, control, axis=-1):
+    import numpy as np
+
+    return np.mean(treated - control, axis=axis)
 
 
 def _ci_side(low: float | None, high: float | None) -> str:
@@ -125,12 +149,13 @@ def seed_means(values: dict[int, float | Sequence[float]]) -> dict[int, float]:
 
 
 def paired_by_seed(treated: dict[int, float | Sequence[float]], control: dict[int, float | Sequence[float]], *,
-                   method: Literal["t", "bootstrap"] = "t", repeats: str = "few-shot draws") -> dict:
+                   method: Literal["t", "bootstrap"] = "t", repeats: str = "few-shot draws",
+                   unit: str = "training run") -> dict:
     """:func:`paired_test` of ``{seed: value}`` (or ``{seed: [draw values]}``) maps on the training seeds they
     share, with those ``seeds`` and the ``per_seed`` differences. Draws (``repeats``: what the values within
     a seed are, paired by position) are averaged within each seed and the test is over seeds; with one
     shared seed whose draws pair up, the Δ and its spread over those draws are reported, ``not resolved``
-    (1 training run)."""
+    (1 training run; ``unit`` names the independent run: ``"pretraining run"`` for fine-tunes)."""
     seeds = sorted(set(treated) & set(control))
     if not seeds:
         raise ValueError("a paired comparison needs at least one seed on both sides")
@@ -138,13 +163,28 @@ def paired_by_seed(treated: dict[int, float | Sequence[float]], control: dict[in
     per_seed = [t_means[s] - c_means[s] for s in seeds]
     one, other = treated[seeds[0]], control[seeds[0]]
     if len(seeds) == 1 and isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)) and len(one) > 1:
-        test = paired_test(list(one), list(other), training_pairs=1, method=method)
+        test = paired_test(list(one), list(other), training_pairs=1, method=method, unit=unit)
         test["over"] = repeats
     else:
         test = paired_test([t_means[s] for s in seeds], [c_means[s] for s in seeds], training_pairs=len(seeds),
-                           method=method)
+                           method=method, unit=unit)
         test["over"] = "seeds"
     return {**test, "seeds": seeds, "per_seed": per_seed}
+
+
+def paired_by_pretraining(treated: dict[tuple[int, int], float], control: dict[tuple[int, int], float], *,
+                          repeats: str, method: Literal["t", "bootstrap"] = "t") -> dict:
+    """:func:`paired_by_seed` of fine-tunes: ``{(pretraining seed, fine-tuning seed): value}`` maps. The
+    independent pairs are the pretrained pairs (same pretraining seed on both sides); the fine-tuning
+    seeds (``repeats``: VTAB or segmentation seeds, LiT seeds) both sides share within a pretrained pair
+    are paired by seed and averaged within it, so they narrow that pair's estimate and never count as
+    training runs: one pretrained pair is ``not resolved (1 pretraining run)``."""
+    nested: tuple[dict, dict] = ({}, {})
+    for pre in sorted({k[0] for k in treated} & {k[0] for k in control}):
+        shared = sorted({k[1] for k in treated if k[0] == pre} & {k[1] for k in control if k[0] == pre})
+        for side, runs in zip(nested, (treated, control)):
+            side[pre] = [runs[pre, s] for s in shared]
+    return paired_by_seed(*nested, method=method, repeats=repeats, unit="pretraining run")
 
 
 def verdict_text(delta: dict) -> str:

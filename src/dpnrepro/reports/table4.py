@@ -13,7 +13,7 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import finish_delta_axes, report_from_metrics
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import fmt_ci, mean_ci95, paired_by_seed, verdict_text
+from dpnrepro.stats import fmt_ci, mean_ci95, paired_by_pretraining, verdict_text
 
 BASE_STEM = "conv"
 # The pretraining sweep of an image tower -> the schedule the paper prints for it.
@@ -56,21 +56,9 @@ def summarize(metrics: dict) -> dict:
                         mean, ci = mean_ci95([runs[k] for k in sorted(runs)])
                         entry[stem] = {"mean": mean, "ci95": ci, "n": len(runs), "seeds": sorted({k[1] for k in runs})}
                         if stem != BASE_STEM and BASE_STEM in stems:
-                            entry[f"delta_{stem}"] = {**paired_by_seed(*_by_tower(runs, stems[BASE_STEM]),
-                                                                       repeats="LiT seeds"), "vs": BASE_STEM}
+                            entry[f"delta_{stem}"] = {**paired_by_pretraining(runs, stems[BASE_STEM],
+                                                                              repeats="LiT seeds"), "vs": BASE_STEM}
                     block.setdefault(sweep, {})[arch] = entry
-    return out
-
-
-def _by_tower(treated: dict, control: dict) -> tuple[dict, dict]:
-    """``{tower seed: [value per LiT seed]}`` of both sides of a Δ (``{(tower seed, LiT seed): value}``), on
-    the LiT seeds they share. The independent training pairs are the image towers' pretraining seeds: LiT
-    seeds of one locked pair of towers are averaged within it, like few-shot draws."""
-    out: tuple[dict, dict] = ({}, {})
-    for tower in sorted({k[0] for k in treated} & {k[0] for k in control}):
-        lit = sorted({k[1] for k in treated if k[0] == tower} & {k[1] for k in control if k[0] == tower})
-        for side, runs in zip(out, (treated, control)):
-            side[tower] = [runs[tower, s] for s in lit]
     return out
 
 

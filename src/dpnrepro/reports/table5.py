@@ -2,8 +2,10 @@
 
 Ours come from ``metrics/seg.json`` alone (stages/segment.py): per (stem, fraction) the mean mIoU and
 its 95 % t-interval over seeds, and DPN − base paired by seed (same seed = same training subset and
-data order). Base is the ``conv`` stem, as in the paper's B/16. Every cell also carries ``chance``, the
-validation set's constant-prediction mIoU (segmentation/chance.py), and ``learned``: whether the cell's
+data order). Fine-tunes of one pretrained pair (``segmentation.pretrained_seed``) are judged over the
+pretrained pairs (:func:`dpnrepro.stats.paired_by_pretraining`): their seeds narrow the estimate, and one
+pretraining run gives ``not resolved (1 pretraining run)``. Base is the ``conv`` stem, as in the paper's
+B/16. Every cell also carries ``chance``, the validation set's constant-prediction mIoU (segmentation/chance.py), and ``learned``: whether the cell's
 mean clears it by :data:`LEARNED_MARGIN` mIoU points (the project's one rule, :func:`dpnrepro.stats.learned`,
 with this table's margin); a Δ is ``learned`` when both of its sides are (:func:`dpnrepro.stats.learned_delta`).
 """
@@ -17,7 +19,8 @@ from pathlib import Path
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import report_from_metrics
 from dpnrepro.reports.paper import as_float, load_paper_table
-from dpnrepro.stats import fmt_ci, learned_cell, learned_delta, mean_ci95, paired_by_seed, verdict_text
+from dpnrepro.stats import (fmt_ci, learned_cell, learned_delta, mean_ci95, paired_by_pretraining, paired_by_seed,
+                           verdict_text)
 
 BASE_STEM, DPN_STEM = "conv", "dpn"
 # mIoU points above the constant-prediction mIoU that count as "learned" (accuracy tables: stats.LEARNED_MARGIN;
@@ -43,10 +46,33 @@ def summarize(metrics: dict) -> dict:
         for stem, per_seed in sorted(by[fraction].items()):
             if stem != BASE_STEM and base:
                 if set(per_seed) & set(base):
-                    entry[f"delta_{stem}"] = {**paired_by_seed(per_seed, base),
+                    entry[f"delta_{stem}"] = {**_paired(per_seed, base, pretrained_seed(metrics)),
                                               **learned_delta({BASE_STEM: entry[BASE_STEM], stem: entry[stem]})}
         out[fraction] = entry
     return out
+
+
+def pretrained_seed(metrics: dict) -> int | None:
+    """The one pretraining seed every run of metrics/seg.json fine-tunes (``segmentation.pretrained_seed``, read
+    from its ``pretrained`` path ``runs/table1/<arch>_<stem>_s<seed>``); None when they train from scratch."""
+    if metrics["pretrained"] is None:
+        return None
+    _, sep, seed = metrics["pretrained"].rpartition("_s")
+    if not sep or not seed.isdigit():
+        from dpnrepro.errors import UserError
+
+        raise UserError(f"metrics/seg.json: pretrained {metrics['pretrained']!r} names no pretraining seed; "
+                        "rebuild it with `dvc repro --force segment`")
+    return int(seed)
+
+
+def _paired(treated: dict[int, float], control: dict[int, float], pretrained: int | None) -> dict:
+    """DPN − base over seeds: from scratch every seed is an independent training run; fine-tunes of one
+    pretrained pair are paired by seed within it (:func:`stats.paired_by_pretraining`)."""
+    if pretrained is None:
+        return paired_by_seed(treated, control)
+    return paired_by_pretraining({(pretrained, s): v for s, v in treated.items()},
+                                 {(pretrained, s): v for s, v in control.items()}, repeats="segmentation seeds")
 
 
 def render_markdown(metrics: dict, summary: dict) -> str:
@@ -70,7 +96,8 @@ def render_markdown(metrics: dict, summary: dict) -> str:
     lines += ["", f"## Ours (profile `{metrics['profile']}`)", "",
               f"mIoU (%) on the validation split (mmseg IoUMetric, sliding windows), mean ± 95 % t-interval over "
               f"seeds {seeds}; Δ = stem − conv paired by seed, with its verdict (docs/tables-and-figures.md#statistics; "
-              f"no verdict where a side did not learn). Arch {metrics['arch']}, config "
+              f"no verdict where a side did not learn; fine-tunes of one pretrained pair are judged over the "
+              f"pretrained pairs, so one pretraining run gives no verdict). Arch {metrics['arch']}, config "
               f"`{metrics['config']}`{(' + options ' + json.dumps(metrics['options'], sort_keys=True)) if metrics['options'] else ''}"
               f", {'/'.join(map(str, iters))} iterations, data `{metrics['data_root']}`, initialised from "
               f"{'`' + metrics['pretrained'] + '`' if metrics['pretrained'] else 'scratch'}. Hardware: {metrics['hardware']}.",
