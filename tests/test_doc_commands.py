@@ -341,7 +341,32 @@ def scratch(tmp_path_factory):
     return root
 
 
-def test_long_commands_name_scripts_phases_flags_and_targets_that_exist(scratch):
+def help_in_process(script: list[str]) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``python SCRIPT --help`` (``python -m MODULE --help``) run in this
+    process: argparse prints and exits before the script does any work. That each script answers --help from a
+    clean shell is tests/test_stage_arguments.py's (stages) and tests/test_scripts_clean_shell.py's (tools,
+    modules); here only the flags its help text defines are read, without a process of its own."""
+    import contextlib
+    import io
+    import runpy
+
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    code = 0
+    try:
+        sys.argv = [script[-1], "--help"]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if script[1] == "-m":
+                runpy.run_module(script[2], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(REPO / script[1]), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_long_commands_name_scripts_phases_and_flags_that_exist():
     problems = []
     helps: dict[tuple[str, ...], str] = {}
     for page, cmd in documented():
@@ -353,11 +378,10 @@ def test_long_commands_name_scripts_phases_flags_and_targets_that_exist(scratch)
         elif (script := script_of(words)) is not None:
             key = tuple(script)
             if key not in helps:
-                proc = run([sys.executable, *script[1:], "--help"], scratch, check=False, timeout=120)
-                helps[key] = proc.stdout if proc.returncode == 0 else ""
-                if proc.returncode:
-                    problems.append(f"{page}: `{' '.join(script)} --help` exits {proc.returncode}: "
-                                    f"{proc.stderr.strip()[-300:]}")
+                code, stdout, stderr = help_in_process(script)
+                helps[key] = stdout if code == 0 else ""
+                if code:
+                    problems.append(f"{page}: `{' '.join(script)} --help` exits {code}: {stderr.strip()[-300:]}")
             if helps[key]:
                 problems += [f"{page}: {p}" for p in python_script_problems(words, helps[key])]
     assert not problems, "\n".join(problems)
