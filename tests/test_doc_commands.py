@@ -63,7 +63,7 @@ LONG = {
     "dvc repro -s -f": "tests/test_pipeline.py::test_table_regenerates_byte_identical_from_cached_metrics",
     "dvc repro": "tests/test_pipeline.py::test_committed_metrics_and_tables_are_what_the_pipeline_produces",
     "dvc exp run": "tests/test_pipeline.py::test_param_change_shows_in_params_and_metrics_diff",
-    "dvc plots": "tests/test_dvc_workflow.py::test_plot_definitions_render_without_error",
+    "dvc plots": "tests/test_pipeline.py::test_plots_show_renders_every_plot",
     "dvc remote add": "tests/test_dvc_pack.py::test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training",
     "dvc push": "tests/test_dvc_pack.py::test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training",
     "dvc pull": "tests/test_dvc_pack.py::test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training",
