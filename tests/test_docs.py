@@ -1,10 +1,10 @@
 """The documentation holds: README.md and docs/*.md link only to files and headings that exist, every
-docs page is reachable from the README, every repository path they quote exists (their shell commands:
-tests/test_doc_commands.py), and no tracked
-file speaks of how the project was built (work sessions, issue numbers, leads, helpers) instead of
-what it is: that history lives in `git log`. reports/paper/ transcribes the paper and is left out. What a
-user reads names no development machine of this project; the mini profile's step ratio the docs state is
-the profiles'; `make profile` sets up before it touches params.yaml.
+docs page is reachable from the README, every repository path they quote exists (their shell commands are
+tests/test_doc_commands.py's), and no tracked file speaks of how the project was built (work sessions,
+issue numbers, leads, helpers) instead of what it is: that history lives in `git log`. reports/paper/
+transcribes the paper and is left out. What a user reads names no development machine of this project; the
+mini profile's step ratio the docs state is the profiles'; `make profile` sets up before it touches
+params.yaml.
 
 The checks read files (git ls-files, Makefile, dvc.yaml files, params.yaml, profiles/); only `make -n profile`
 and a refused `make profile` run."""
