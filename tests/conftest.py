@@ -45,6 +45,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable
 
 
+# Where the suite's time goes, per file (what `--dist loadfile` schedules): setup, call and teardown of each
+# test summed, printed before pytest's own --durations (under xdist the controller sums its workers' reports).
+_FILE_SECONDS: dict[str, float] = {}
+FILE_TIMES_SHOWN = 25
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + (getattr(report, "duration", 0.0) or 0.0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"seconds per test file ({len(ranked)} files, {total:.0f} s in all)")
+    for path, seconds in ranked[:FILE_TIMES_SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:5.1f} %  {path}")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """Tiny models and tensors run fastest single-threaded on a busy CPU."""

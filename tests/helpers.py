@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -73,6 +75,34 @@ def clean_env(**extra: str) -> dict:
     if "TMPDIR" in os.environ:
         env["TMPDIR"] = os.environ["TMPDIR"]
     return {**env, **extra}
+
+
+def make_targets(makefile: Path = REPO / "Makefile") -> frozenset[str]:
+    """The targets ``makefile`` defines (``name:`` at a line's start; ``name :=`` is a variable)."""
+    return frozenset(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", makefile.read_text(), re.MULTILINE))
+
+
+@cache
+def dvc_files() -> tuple[str, ...]:
+    """The tracked dvc.yaml files, relative to the repository."""
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    return tuple(f for f in out.split() if f == "dvc.yaml" or f.endswith("/dvc.yaml"))
+
+
+@cache
+def dvc_outputs() -> frozenset[str]:
+    """Every out, metric and plot path the dvc.yaml files declare (written by the pipeline, maybe not yet)."""
+    outs = set()
+    for dvc_file in dvc_files():
+        doc = yaml.safe_load((REPO / dvc_file).read_text()) or {}
+        base = (REPO / dvc_file).parent
+        for stage in (doc.get("stages") or {}).values():
+            wdir = base / stage.get("wdir", ".")
+            for key in ("outs", "metrics", "plots"):
+                for item in stage.get(key) or []:
+                    p = next(iter(item)) if isinstance(item, dict) else item
+                    outs.add((wdir / p).resolve().relative_to(REPO.resolve()).as_posix())
+    return frozenset(outs)
 
 
 def stage_env(no_thread_pin: bool = False) -> dict:

@@ -8,13 +8,16 @@ read with mktestdocs. Each simple command in them (split at `&&`, `;` and `|`, c
 - long (training, GPUs, the network, the whole suite): listed in LONG with the test that runs the same path,
   and that test must exist; a `python SCRIPT` it names must answer `--help` from a clean shell and define
   every `--flag` the command passes, a `bash SCRIPT` must exist and define a `phase_<name>` for each
-  phase it is given, a `make TARGET` must be a target `make -n` accepts.
+  phase it is given.
 
 A command that is neither fails, and so does a guarantee in the README that names a test which does not
-exist."""
+exist. Every command, cheap or long, must also name what exists (read, not run): a Makefile target, a DVC
+stage or pipeline file, a params key, a script, module or test file. This is the one checker of the
+documented commands (tests/test_docs.py checks the pages' links and quoted paths)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 import subprocess
@@ -23,7 +26,8 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from helpers import REPO, copy_project, git_init, run, stage_env
+import yaml
+from helpers import REPO, copy_project, dvc_files, dvc_outputs, git_init, make_targets, run, stage_env
 from mktestdocs import grab_code_blocks
 
 DOC_FILES = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
@@ -59,7 +63,7 @@ LONG = {
     "dvc repro -s -f": "tests/test_pipeline.py::test_table_regenerates_byte_identical_from_cached_metrics",
     "dvc repro": "tests/test_pipeline.py::test_committed_metrics_and_tables_are_what_the_pipeline_produces",
     "dvc exp run": "tests/test_pipeline.py::test_param_change_shows_in_params_and_metrics_diff",
-    "dvc plots": "tests/test_dvc_workflow.py::test_plot_definitions_render_without_error",
+    "dvc plots": "tests/test_pipeline.py::test_plots_show_renders_every_plot",
     "dvc remote add": "tests/test_dvc_pack.py::test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training",
     "dvc push": "tests/test_dvc_pack.py::test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training",
     "dvc pull": "tests/test_dvc_pack.py::test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_the_report_without_training",
@@ -160,6 +164,148 @@ def test_the_tests_named_for_long_commands_and_guarantees_exist():
     assert not missing, f"named tests that do not exist: {missing}"
 
 
+# ------------------------------------------------------ every command names what exists (read, not run) --
+@cache
+def dvc_stages() -> dict[str, frozenset[str]]:
+    """dvc.yaml path -> its stage names."""
+    return {f: frozenset((yaml.safe_load((REPO / f).read_text()) or {}).get("stages") or {}) for f in dvc_files()}
+
+
+@cache
+def params_keys() -> frozenset[str]:
+    keys = set()
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                keys.add(prefix + str(k))
+                walk(v, prefix + str(k) + ".")
+    for f in ("params.yaml", "study/params.yaml"):
+        walk(yaml.safe_load((REPO / f).read_text()), "")
+    return frozenset(keys)
+
+
+def module_exists(name: str) -> bool:
+    top = name.split(".")[0]
+    if top == "dpnrepro":
+        base = REPO / "src" / Path(*name.split("."))
+        return base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _stage_target_error(target: str) -> str | None:
+    """``target`` of ``dvc repro``/``status``/...: a stage of dvc.yaml, a dvc.yaml file, or file:stage."""
+    file, _, stage = target.rpartition(":") if ":" in target else ("", "", target)
+    if target.endswith("dvc.yaml"):
+        file, stage = target, ""
+    if file:
+        if file not in dvc_stages():
+            return f"no pipeline file {file}"
+        return None if not stage or stage in dvc_stages()[file] else f"no stage {stage!r} in {file}"
+    return None if stage in dvc_stages().get("dvc.yaml", ()) else f"no stage {stage!r} in dvc.yaml"
+
+
+def command_error(words: list[str]) -> str | None:
+    """Why the command ``words`` names something that does not exist, or None."""
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # FOO=1 cmd
+        words = words[1:]
+    if not words:
+        return None
+    prog, args = words[0], words[1:]
+    if prog == "make":
+        for a in args:
+            if a.startswith("-") or "=" in a:
+                continue
+            if a not in make_targets():
+                return f"no Makefile target {a!r}"
+        return None
+    if prog in ("python", "python3"):
+        if args[:1] == ["-m"] and len(args) > 1:
+            if not module_exists(args[1]):
+                return f"no module {args[1]}"
+            rest = args[2:]
+        elif args and not args[0].startswith("-"):
+            if not (REPO / args[0]).is_file():
+                return f"no script {args[0]}"
+            rest = args[1:]
+        else:
+            return None
+        for a in rest:  # files a command reads (python -m pytest tests/test_x.py)
+            if re.fullmatch(r"[\w./-]+\.py(::\S+)?", a) and not (REPO / a.split("::")[0]).is_file():
+                return f"no file {a}"
+        return None
+    if prog == "torchrun":
+        scripts = [a for a in args if a.endswith(".py")]
+        return None if all((REPO / s).is_file() for s in scripts) else f"no script among {scripts}"
+    if prog == "bash" and args and args[0].endswith(".sh"):
+        return None if (REPO / args[0]).is_file() else f"no script {args[0]}"
+    if prog != "dvc" or not args:
+        return None
+    sub = args[0]
+    if sub == "exp" and args[1:2] == ["run"]:
+        sub, args = "exp run", args[1:]
+    rest = args[1:]
+    positional, i = [], 0
+    while i < len(rest):
+        a = rest[i]
+        if a in ("-S", "--set-param"):
+            key = rest[i + 1].split("=", 1)[0]
+            key = key.split(":", 1)[1] if ":" in key else key
+            if key not in params_keys():
+                return f"no params key {key!r} (dvc exp run -S)"
+            i += 2
+            continue
+        if a in ("-s", "--single-item"):
+            i += 1
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        positional.append(a)
+        i += 1
+    if sub in ("repro", "exp run", "status", "push", "pull", "commit", "fetch", "checkout"):
+        for t in positional:
+            if "/" in t and not t.endswith("dvc.yaml") and ":" not in t and sub != "repro":
+                if not (REPO / t).exists() and t not in dvc_outputs():
+                    return f"no file or output {t}"
+                continue
+            err = _stage_target_error(t)
+            if err:
+                return err
+        return None
+    if sub in ("metrics", "plots", "params"):
+        for t in positional[1:]:
+            if re.search(r"\.(json|yaml|csv|tsv|png)$", t) and not (REPO / t).exists() and t not in dvc_outputs():
+                return f"no file {t}"
+        return None
+    return None
+
+
+
+
+def test_every_documented_command_names_what_exists():
+    """A Makefile target, DVC stage or pipeline file, params key (``dvc exp run -S``), script or module."""
+    errors = [f"{page}: `{cmd}`: {why}" for page, cmd in documented() if (why := command_error(shlex.split(cmd)))]
+    assert not errors, "commands in the docs that name what does not exist:\n" + "\n".join(errors)
+
+
+def test_the_name_checker_catches_what_is_broken():
+    broken = [["make", "no-such-target"], ["dvc", "repro", "no_such_stage"], ["dvc", "repro", "study/dvc.yaml:nope"],
+              ["python", "-m", "dpnrepro.no_such_module"], ["python", "stages/no_such_stage.py"],
+              ["dvc", "exp", "run", "-S", "train.no_such_key=1"], ["PROFILE=mini", "make", "profle"],
+              ["python", "-m", "pytest", "tests/test_no_such_file.py"]]
+    for words in broken:
+        assert command_error(words), f"not caught: {' '.join(words)}"
+    fine = [["make", "profile", "PROFILE=mini"], ["dvc", "repro"], ["dvc", "repro", "table1"], ["make", "test"],
+            ["dvc", "repro", "benchmarks/dvc.yaml"], ["python", "-m", "dpnrepro.pipeline"],
+            ["dvc", "exp", "run", "-S", "train.lr=0.002"], ["dvc", "metrics", "diff", "HEAD~1", "--md"]]
+    for words in fine:
+        assert command_error(words) is None, f"refused: {' '.join(words)}: {command_error(words)}"
+
+
 def shell_script_problems(words: list[str]) -> list[str]:
     """What is wrong with ``bash SCRIPT ARGS``: a missing script, or an argument that is not one of its phases."""
     script = REPO / words[1]
@@ -193,7 +339,32 @@ def scratch(tmp_path_factory):
     return root
 
 
-def test_long_commands_name_scripts_phases_flags_and_targets_that_exist(scratch):
+def help_in_process(script: list[str]) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``python SCRIPT --help`` (``python -m MODULE --help``) run in this
+    process: argparse prints and exits before the script does any work. That each script answers --help from a
+    clean shell is tests/test_stage_arguments.py's (stages) and tests/test_scripts_clean_shell.py's (tools,
+    modules); here only the flags its help text defines are read, without a process of its own."""
+    import contextlib
+    import io
+    import runpy
+
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    code = 0
+    try:
+        sys.argv = [script[-1], "--help"]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if script[1] == "-m":
+                runpy.run_module(script[2], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(REPO / script[1]), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_long_commands_name_scripts_phases_and_flags_that_exist():
     problems = []
     helps: dict[tuple[str, ...], str] = {}
     for page, cmd in documented():
@@ -202,19 +373,13 @@ def test_long_commands_name_scripts_phases_flags_and_targets_that_exist(scratch)
             continue
         if words[0] == "bash":
             problems += [f"{page}: {p}" for p in shell_script_problems(words)]
-        elif words[0] == "make":
-            targets = [w for w in words[1:] if "=" not in w]
-            proc = run(["make", "-n", *targets], scratch, check=False, timeout=60)
-            if proc.returncode:
-                problems.append(f"{page}: `{cmd}`: make -n: {proc.stderr.strip()[-300:]}")
         elif (script := script_of(words)) is not None:
             key = tuple(script)
             if key not in helps:
-                proc = run([sys.executable, *script[1:], "--help"], scratch, check=False, timeout=120)
-                helps[key] = proc.stdout if proc.returncode == 0 else ""
-                if proc.returncode:
-                    problems.append(f"{page}: `{' '.join(script)} --help` exits {proc.returncode}: "
-                                    f"{proc.stderr.strip()[-300:]}")
+                code, stdout, stderr = help_in_process(script)
+                helps[key] = stdout if code == 0 else ""
+                if code:
+                    problems.append(f"{page}: `{' '.join(script)} --help` exits {code}: {stderr.strip()[-300:]}")
             if helps[key]:
                 problems += [f"{page}: {p}" for p in python_script_problems(words, helps[key])]
     assert not problems, "\n".join(problems)

@@ -18,7 +18,8 @@ import yaml
 
 from helpers import FMNIST, REPO, copy_project, git_init, run, tiny_params, write_params
 
-pytestmark = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+# Only the fixtures that read Fashion-MNIST skip without it: the umask and mount-point tests need no data.
+NEEDS_FMNIST = "needs Debian's dataset-fashion-mnist (make env)"
 
 ONE_RUN = ["--sweep", "table1", "--arch", "Mu-7", "--stem", "dpn", "--seed", "0"]
 
@@ -62,6 +63,8 @@ def leftovers(root: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     """A project copy with one sweep's data prepared (once for the module)."""
+    if not FMNIST.exists():
+        pytest.skip(NEEDS_FMNIST)
     project = copy_project(tmp_path_factory.mktemp("faults") / "p")
     write_params(project, one_run_params())
     run([sys.executable, "stages/prepare.py"], project, preexec_fn=lambda: os.umask(0o022))
@@ -71,6 +74,15 @@ def prepared(tmp_path_factory) -> Path:
 @pytest.fixture()
 def project(prepared, tmp_path) -> Path:
     return Path(shutil.copytree(prepared, tmp_path / "p", symlinks=True))
+
+
+def mount_or_skip(args: list[str], what: str) -> None:
+    """``mount ARGS``, or skip the test saying what it needed and why mounting failed (``-ra`` lists it): the
+    fault tests make real full disks and read-only folders, which needs root with CAP_SYS_ADMIN."""
+    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if proc.returncode:
+        why = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        pytest.skip(f"NOT RUN: {what} needs `mount` (root with CAP_SYS_ADMIN); as uid {os.geteuid()}: {why[0]}")
 
 
 @contextlib.contextmanager
@@ -85,8 +97,7 @@ def read_only(path: Path):
         finally:
             path.chmod(0o755)
         return
-    if subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True).returncode != 0:
-        pytest.skip("running as root without permission to mount: no way to make a folder read-only")
+    mount_or_skip(["--bind", str(path), str(path)], "a read-only folder for root (whom modes do not stop)")
     try:
         subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True, capture_output=True)
         yield "read-only file system"
@@ -142,8 +153,7 @@ def test_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkp
     """A real ENOSPC: a 4 MB tmpfs holds one checkpoint (2.5 MB) but not the next beside it."""
     ckpt = project / "checkpoints/table1"
     ckpt.mkdir(parents=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ckpt)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs is not allowed here (root only)")
+    mount_or_skip(["-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ckpt)], "a full disk (a 4 MB tmpfs)")
     try:
         line = error_line(stage(project, "stages/train.py", *ONE_RUN))
         assert line.startswith("error: no space left on device while writing checkpoints/table1/Mu-7_dpn_s0"), line
@@ -263,6 +273,8 @@ SEG_OPTIONS = {"train_cfg.max_iters": 4, "param_scheduler.0.end": 4, "default_ho
 def canvases(tmp_path_factory) -> Path:
     from dpnrepro.data.segmentation import export_canvases
 
+    if not FMNIST.exists():
+        pytest.skip(NEEDS_FMNIST)
     root = tmp_path_factory.mktemp("seg") / "canvases"
     export_canvases(FMNIST, root, train_images=16, val_images=3, size=84, items=(2, 4), seed=0)
     return root
@@ -279,9 +291,7 @@ def seg_config(canvases: Path, work: Path, **options):
 def tmpfs(path: Path, size: str):
     """A tmpfs of ``size`` mounted on ``path`` (skips where mounting is not allowed)."""
     path.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                      capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs is not allowed here (root only)")
+    mount_or_skip(["-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], f"a {size} tmpfs")
     try:
         yield path
     finally:
