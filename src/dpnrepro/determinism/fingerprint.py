@@ -292,17 +292,17 @@ def main(argv=None) -> int:
         from dpnrepro.determinism.cpu import PinConflict, require_pins
 
         try:
-            require_pins()
+            require_pins(opt_out=not args.write)
         except PinConflict as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     result = report()
     print(json.dumps(result, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
     if args.write:
-        COMMITTED.write_text(json.dumps({k: result[k] for k in ("machine", "versions", "in_force", "hashes")},
-                                        indent=1) + "\n")
+        write_text_atomic(COMMITTED, json.dumps({k: result[k] for k in ("machine", "versions", "in_force", "hashes")},
+                                                indent=1) + "\n")
     if args.check:
         committed = json.loads(COMMITTED.read_text())
         differ = diff(result["hashes"], committed["hashes"])
