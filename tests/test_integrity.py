@@ -180,29 +180,10 @@ def test_a_target_left_aside_by_a_kill_is_put_back_when_read(tmp_path):
 
 @pytest.fixture()
 def seg_run(tmp_path, monkeypatch):
-    """One run of the segmentation sweep in ``tmp_path`` with a stand-in for training: a function that runs it
-    (returns its result), and the list of the trainings it did."""
-    import types
+    from test_faults import stand_in_sweep_run
 
-    from dpnrepro.segmentation import sweep
-    from dpnrepro.segmentation.experiment import FINGERPRINT_FILE, fingerprint
-    from dpnrepro.training.distributed import DistContext
-
-    trained = []
-
-    def train_and_evaluate(cfg, ctx):
-        trained.append(cfg.work_dir)
-        Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.work_dir) / FINGERPRINT_FILE).write_text(fingerprint(cfg))
-        return {"mIoU": 1.0, "mAcc": 2.0, "aAcc": 3.0, "train_images": 8, "iters": 4,
-                "state_dict": {"w": torch.arange(4000.0)}}
-
-    monkeypatch.setattr(sweep, "train_and_evaluate", train_and_evaluate)
-    monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    seg = types.SimpleNamespace(arch="Mu-7", config=str(REPO / "configs/segmentation/canvas_mu7_linear.py"),
-                                data_root=str(tmp_path / "data"), options={}, pretrained_seed=None)
-    return (lambda: sweep._run(types.SimpleNamespace(segmentation=seg), "dpn", "1/2", 3, DistContext())), trained
+    return stand_in_sweep_run(monkeypatch, tmp_path, tmp_path / "data", {})
 
 
 @pytest.mark.parametrize("kill_at", [1, 2, 3, 4])
