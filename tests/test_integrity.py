@@ -7,6 +7,7 @@ the committed kernel fingerprint is written only under the pins; the tools write
 from __future__ import annotations
 
 import errno
+import json
 import os
 import resource
 import shutil
@@ -275,6 +276,20 @@ def test_writing_the_kernel_fingerprint_under_the_native_opt_out_is_refused(tmp_
         assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(f"error: {KERNELS_ENV}='{value}'")
     assert committed.read_bytes() == fingerprint.COMMITTED.read_bytes() == (REPO / "tests/fixtures/"
                                                                            "kernel_fingerprint.json").read_bytes()
+
+
+def test_writing_the_kernel_fingerprint_under_the_pins_replaces_the_reference_whole(tmp_path, monkeypatch, capsys):
+    from dpnrepro.determinism import cpu, fingerprint
+
+    committed = tmp_path / "kernel_fingerprint.json"
+    committed.write_text("old")
+    monkeypatch.setattr(fingerprint, "COMMITTED", committed)
+    monkeypatch.setattr(fingerprint, "report", lambda: dict.fromkeys(("machine", "versions", "in_force", "hashes"), "x"))
+    monkeypatch.delenv(cpu.KERNELS_ENV, raising=False)
+    monkeypatch.setattr(cpu, "_not_in_force", None)
+    assert fingerprint.main(["--write", "--json", str(tmp_path / "all.json")]) == 0
+    assert json.loads(committed.read_text()) == dict.fromkeys(("machine", "versions", "in_force", "hashes"), "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.json", "kernel_fingerprint.json"]
 
 
 def test_set_params_under_a_file_size_limit_is_one_line_and_leaves_params_as_they_were(tmp_path):

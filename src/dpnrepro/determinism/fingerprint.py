@@ -26,6 +26,7 @@ from pathlib import Path
 
 import dpnrepro  # noqa: F401  (pins the kernel choices before numpy, torch or cv2 load)
 from dpnrepro.determinism.cpu import describe, library_choices, pin_threads
+from dpnrepro.io import write_text_atomic
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 COMMITTED = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "kernel_fingerprint.json"
