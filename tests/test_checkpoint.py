@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -410,6 +411,26 @@ def test_trainer_retrains_from_scratch_after_a_damaged_checkpoint(tmp_path, monk
     notes = [line for line in capsys.readouterr().err.splitlines() if "is damaged" in line]
     assert len(notes) == 1 and notes[0].startswith(f"checkpoint {tmp_path / 'b'}/") and \
         notes[0].endswith("is damaged (checksum mismatch); retraining b from scratch"), notes
+
+
+@pytest.mark.usefixtures("hf_cache_in_tmp")
+def test_resume_hashes_each_checkpoint_file_once(tmp_path, monkeypatch, idx_dataset):
+    """The resume from the step-3 checkpoint, the test's own look at the step-6 one and the restore of it
+    each read a checkpoint once: every file is hashed once per read, not again when it is loaded."""
+    from dpnrepro.training import checkpoint
+
+    hashed, real = [], checkpoint.file_sha256
+
+    def count_hashes(ckpt):  # installed after the killed attempt (the damage hook), before the resume
+        def file_sha256(path):
+            if Path(path).parent == ckpt:
+                hashed.append(Path(path).name)
+            return real(path)
+
+        monkeypatch.setattr(checkpoint, "file_sha256", file_sha256)
+
+    assert _trainer_resume_matches(tmp_path, monkeypatch, idx_dataset, drop=0.0, damage=count_hashes)
+    assert sorted(hashed) == sorted(checkpoint.CHECKPOINT_FILES * 3)
 
 
 def test_checkpoint_left_aside_by_a_kill_is_read_back(tmp_path):

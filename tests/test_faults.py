@@ -390,10 +390,9 @@ def test_damaged_segmentation_checkpoint_retrains_from_scratch(canvases, tmp_pat
     assert all(torch.equal(again[k], reference[k]) for k in reference)
 
 
-def test_segmentation_run_files_honour_the_umask_and_a_damaged_one_is_retrained(canvases, tmp_path, monkeypatch,
-                                                                                capsys):
-    """A completed run's files in checkpoints/seg/<run> (what runs/seg copies): ordinary modes under the
-    umask, and random bytes in its weights make the sweep train it again instead of reading it back."""
+def stand_in_sweep_run(monkeypatch, root: Path, data_root: Path, options: dict):
+    """One run of the segmentation sweep, in ``root``, with a stand-in for training (fixed metrics and
+    weights): (a function that runs it and returns its result, the list of the trainings it did)."""
     import types
 
     import torch
@@ -412,14 +411,18 @@ def test_segmentation_run_files_honour_the_umask_and_a_damaged_one_is_retrained(
                 "state_dict": {"w": torch.arange(4000.0)}}
 
     monkeypatch.setattr(sweep, "train_and_evaluate", train_and_evaluate)
-    monkeypatch.chdir(tmp_path)
-    seg = types.SimpleNamespace(arch="Mu-7", config=str(SEG_CONFIG), data_root=str(canvases), options=SEG_OPTIONS,
+    monkeypatch.chdir(root)
+    seg = types.SimpleNamespace(arch="Mu-7", config=str(SEG_CONFIG), data_root=str(data_root), options=options,
                                 pretrained_seed=None)
     params = types.SimpleNamespace(segmentation=seg)
+    return (lambda: sweep._run(params, "dpn", "1/2", 3, DistContext())), trained
 
-    def run_once() -> dict:
-        return sweep._run(params, "dpn", "1/2", 3, DistContext())
 
+def test_segmentation_run_files_honour_the_umask_and_a_damaged_one_is_retrained(canvases, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A completed run's files in checkpoints/seg/<run> (what runs/seg copies): ordinary modes under the
+    umask, and random bytes in its weights make the sweep train it again instead of reading it back."""
+    run_once, trained = stand_in_sweep_run(monkeypatch, tmp_path, canvases, SEG_OPTIONS)
     mask = os.umask(0o022)
     try:
         first = run_once()

@@ -87,8 +87,7 @@ def pack(out: Path, stages: list[str], compare: list[str], root: Path = Path("."
         uncached = uncached_outputs(root, stages)
         manifest = {"git_rev": _rev(root), "stages": stages, "uncached": uncached, "compare": compare,
                     "extra": list(extra), "packed": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        buf = out.with_name(out.name + ".tmp")
+        buf = Path(tmp) / "pack.tar.gz"  # cut into the written files below
         with tarfile.open(buf, "w:gz") as tar:
             data = json.dumps(manifest, indent=1).encode()
             info = tarfile.TarInfo(MANIFEST)
@@ -99,18 +98,24 @@ def pack(out: Path, stages: list[str], compare: list[str], root: Path = Path("."
                 _add(tar, root / name, f"pipeline/{name}")
             for path in [*uncached, *compare, *extra]:
                 _add(tar, root / path, f"files/{path}")
-    for old in out.parent.glob(out.name + ".part*"):
-        old.unlink()
-    if buf.stat().st_size <= PART_BYTES:
-        buf.replace(out)
-        return [out]
-    parts = []
-    with open(buf, "rb") as f:
+        return _write_pack(buf, out)
+
+
+def _write_pack(buf: Path, out: Path) -> list[Path]:
+    """``buf`` as ``out``, or cut into ``out.partNN`` files when it is larger than :data:`PART_BYTES`,
+    written together (dpnrepro.io.all_or_nothing); the files of an earlier pack's other form are removed."""
+    from dpnrepro.io import all_or_nothing, write_bytes_atomic
+
+    single = buf.stat().st_size <= PART_BYTES
+    written = []
+    with all_or_nothing(), open(buf, "rb") as f:
         while chunk := f.read(PART_BYTES):
-            parts.append(out.with_name(f"{out.name}.part{len(parts):02d}"))
-            parts[-1].write_bytes(chunk)
-    buf.unlink()
-    return parts
+            written.append(out if single else out.with_name(f"{out.name}.part{len(written):02d}"))
+            write_bytes_atomic(written[-1], chunk)
+    for stale in [out, *out.parent.glob(out.name + ".part*")]:
+        if stale not in written:
+            stale.unlink(missing_ok=True)
+    return written
 
 
 def _read_pack(path: Path) -> bytes:

@@ -44,17 +44,20 @@ def main() -> None:
     buf = io.StringIO()
     rt.dump(doc, buf)
     text = buf.getvalue()
-    from dpnrepro.config.params import load_params
-    from dpnrepro.errors import ParamsError
+    import yaml
 
-    tmp = args.file.with_name(f".{args.file.name}.new")
-    tmp.write_text(text)
+    from dpnrepro.config.params import parse_params
+    from dpnrepro.errors import ParamsError
+    from dpnrepro.io import write_text_atomic
+
     try:
-        load_params(tmp)  # the project's own schema: unknown keys, types, ranges
+        parse_params(yaml.safe_load(text), args.file)  # the project's own schema: unknown keys, types, ranges
     except ParamsError as exc:
-        tmp.unlink()
         sys.exit(f"set_params: the edited {args.file} is refused: {exc}")
-    tmp.replace(args.file)
+    try:
+        write_text_atomic(args.file, text)
+    except OSError as exc:
+        sys.exit(f"set_params: cannot write {args.file} ({exc.strerror or exc}); it is unchanged")
 
 
 if __name__ == "__main__":

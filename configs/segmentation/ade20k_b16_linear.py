@@ -61,7 +61,9 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 custom_hooks = [dict(type='ResumeStateHook')]
 default_hooks = dict(
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=4000, max_keep_ckpts=1),
+    # two kept: mmengine deletes the oldest before it writes the next, so a failed write leaves the last
+    # complete checkpoint (and last_checkpoint still names it)
+    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=4000, max_keep_ckpts=2),
     logger=dict(type='LoggerHook', interval=500, log_metric_by_epoch=False))
 
 # appendix G: batch 16 (global; divide by the GPU count under torchrun)

@@ -80,15 +80,52 @@ def _remove(path: Path) -> None:
             os.unlink(path)
 
 
+def _previous(path: Path) -> Path:
+    return path.with_name(f".{path.name}.previous")
+
+
+def recover_file(path: str | os.PathLike) -> None:
+    """Finish what a killed :func:`all_or_nothing` left beside ``path``: the previous contents it kept at
+    ``.<name>.previous`` are removed beside a complete ``path``, and go back to ``path`` where it is missing
+    (as a kill between the two renames of this module's earlier scheme left it)."""
+    path = Path(path)
+    previous = _previous(path)
+    if not os.path.lexists(previous):
+        return
+    if os.path.lexists(path):
+        _remove(previous)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(previous, path)
+
+
 def remove_stale_temporaries(path: Path) -> None:
     """Remove the temporary files a killed earlier write of ``path`` left beside it."""
     for stale in _temporaries(path):
         _remove(stale)
+    recover_file(path)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place (inside
-    :func:`all_or_nothing`: at the end of the block). A successful write removes the temporaries of
+def _keep_previous(path: Path) -> Path | None:
+    """A second name for ``path``'s current contents (``.<name>.previous``: a hard link, or a copy where the
+    filesystem has none), so that a failed block can put them back; None where ``path`` does not exist.
+    ``path`` itself stays in place: no moment without it."""
+    recover_file(path)
+    if not os.path.lexists(path):
+        return None
+    previous = _previous(path)
+    try:
+        os.link(path, previous, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(path, previous, follow_symlinks=False)
+    return previous
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike):
+    """An open binary file whose contents replace ``path`` when the ``with`` block ends (inside
+    :func:`all_or_nothing`: when that block ends), written to a temporary file beside it and renamed into
+    place; a failed block leaves ``path`` as it was. A successful write removes the temporaries of
     ``path`` that a killed earlier write left."""
     path = Path(path)
     try:
@@ -100,7 +137,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~umask())
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         pending = _pending.get()
@@ -117,6 +154,12 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
@@ -129,6 +172,8 @@ def read_json(path: str | os.PathLike, *, fix: str, error: type[Exception] | Non
     path = Path(path)
     error = error or UserError
     if not path.exists():
+        recover_file(path)
+    if not path.exists():
         raise error(f"{path} is missing; {fix}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -136,9 +181,14 @@ def read_json(path: str | os.PathLike, *, fix: str, error: type[Exception] | Non
         raise error(f"{path} is not valid JSON ({exc}; truncated?); {fix}") from None
 
 
+def json_text(obj) -> str:
+    """Deterministic JSON: sorted keys, fixed indentation, trailing newline."""
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
 def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    """Deterministic JSON (sorted keys, fixed indentation, trailing newline), written atomically."""
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """:func:`json_text`, written atomically."""
+    write_text_atomic(path, json_text(obj))
 
 
 @contextlib.contextmanager
@@ -168,20 +218,25 @@ def all_or_nothing():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(earlier[0])
         last[os.path.abspath(path)] = (tmp, path)
-    done: list[tuple[Path, Path | None]] = []  # (path, its previous contents moved aside, or None)
+    # Each path keeps a second name for its previous contents until every rename is done, and is replaced
+    # by one atomic rename: a kill at any moment leaves every path complete (old or new contents; the stage's
+    # rerun writes them again) and the next write or read of a path removes what was kept for it.
+    done: list[tuple[Path, Path | None]] = []  # (path, its previous contents kept, or None)
     path = None
     try:
         for tmp, path in last.values():
-            backup = None
-            if path.exists():
-                backup = path.with_name(f".{path.name}.previous")
-                os.replace(path, backup)
-            done.append((path, backup))
+            done.append((path, _keep_previous(path)))
+        for tmp, path in last.values():
             os.replace(tmp, path)
     except BaseException as exc:
         for done_path, backup in reversed(done):
             with contextlib.suppress(OSError):
-                os.replace(backup, done_path) if backup is not None else os.unlink(done_path)
+                if backup is None:
+                    os.unlink(done_path)
+                elif os.path.samefile(backup, done_path):  # not replaced yet (a rename would do nothing)
+                    os.unlink(backup)
+                else:
+                    os.replace(backup, done_path)
         for tmp, _ in last.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -255,6 +310,8 @@ def read_yaml(path: str | os.PathLike, *, fix: str, error: type[Exception] | Non
 
     path = Path(path)
     error = error or UserError
+    if not path.exists():
+        recover_file(path)
     if not path.exists():
         raise error(f"{path} is missing; {fix}")
     try:

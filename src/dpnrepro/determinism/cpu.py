@@ -110,9 +110,13 @@ def pin_instruction_sets() -> None:
                   "measuring tools refuse to run in this process", RuntimeWarning, stacklevel=2)
 
 
-def require_pins() -> None:
+def require_pins(*, opt_out: bool = True) -> None:
     """Raise :class:`PinConflict` (one line) when the pins are not in force; the places where results are made
-    call this first. ``DPNREPRO_CPU_KERNELS=native|environment`` is an explicit opt-out (the label says so)."""
+    call this first. ``DPNREPRO_CPU_KERNELS=native|environment`` is an explicit opt-out (the label says so),
+    except with ``opt_out=False``: what is recorded as the pinned kernels' reference refuses it too."""
+    if not opt_out and (native() or _as_set()):
+        raise PinConflict(f"{KERNELS_ENV}={os.environ[KERNELS_ENV]!r} opts out of the pins, and the committed "
+                          f"reference is of the pinned kernels; unset {KERNELS_ENV} to record it")
     if _not_in_force is not None and not native() and not _as_set():
         raise PinConflict(_not_in_force)
 

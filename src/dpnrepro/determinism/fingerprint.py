@@ -26,6 +26,7 @@ from pathlib import Path
 
 import dpnrepro  # noqa: F401  (pins the kernel choices before numpy, torch or cv2 load)
 from dpnrepro.determinism.cpu import describe, library_choices, pin_threads
+from dpnrepro.io import write_text_atomic
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 COMMITTED = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "kernel_fingerprint.json"
@@ -292,17 +293,17 @@ def main(argv=None) -> int:
         from dpnrepro.determinism.cpu import PinConflict, require_pins
 
         try:
-            require_pins()
+            require_pins(opt_out=not args.write)
         except PinConflict as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     result = report()
     print(json.dumps(result, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
     if args.write:
-        COMMITTED.write_text(json.dumps({k: result[k] for k in ("machine", "versions", "in_force", "hashes")},
-                                        indent=1) + "\n")
+        write_text_atomic(COMMITTED, json.dumps({k: result[k] for k in ("machine", "versions", "in_force", "hashes")},
+                                                indent=1) + "\n")
     if args.check:
         committed = json.loads(COMMITTED.read_text())
         differ = diff(result["hashes"], committed["hashes"])

@@ -138,7 +138,7 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
     """
     from dpnrepro.data.loader import StepBatchSampler
     from dpnrepro.training import distributed
-    from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
+    from dpnrepro.training.checkpoint import checkpoint_step, load_checkpoint, read_checkpoint_meta, save_checkpoint
     from dpnrepro.training.history import Curves
     from dpnrepro.training.optim import build_optimizer, schedule_multiplier
     from dpnrepro.training.trainer import KILL_AT_STEP_ENV
@@ -160,9 +160,9 @@ def train_text_tower(lit: LiT, image_emb: torch.Tensor, tokens: torch.Tensor, cf
     if ckpt_dir is not None:
         meta = distributed.broadcast_object(ctx, read_checkpoint_meta(ckpt_dir) if ctx.is_main else None)
         if meta is not None and meta.get("fingerprint") == fingerprint:
-            if not ctx.is_main and (read_checkpoint_meta(ckpt_dir) or {}).get("step") != meta["step"]:
+            if not ctx.is_main and checkpoint_step(ckpt_dir) != meta["step"]:
                 raise distributed.missing_checkpoint(ckpt_dir, ctx)
-            load_checkpoint(ckpt_dir, model=TextState(lit), optimizer=optimizer, scheduler=scheduler)
+            load_checkpoint(ckpt_dir, model=TextState(lit), optimizer=optimizer, scheduler=scheduler, meta=meta)
             start, history["loss"] = meta["step"], meta["extra"]["history"]["loss"]
             curves.replay(meta["extra"]["history"]["log"])  # the curves up to the resumed step
             if ctx.is_main:

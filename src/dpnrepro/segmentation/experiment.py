@@ -126,7 +126,6 @@ def train_and_evaluate(cfg, *, ctx=None, log_level: str = "WARNING") -> dict:
     from dpnrepro.segmentation.execution import execution_config
     from dpnrepro.io import write_text_atomic
     from dpnrepro.segmentation.resume import safe_mmengine_load, verify_resume_point
-    from dpnrepro.training.checkpoint import DamagedCheckpoint, note_retraining
     from dpnrepro.training.distributed import DistContext, barrier
 
     ctx = ctx or DistContext()
@@ -135,11 +134,7 @@ def train_and_evaluate(cfg, *, ctx=None, log_level: str = "WARNING") -> dict:
         fp = fingerprint(cfg)
         if (work / FINGERPRINT_FILE).exists() and (work / FINGERPRINT_FILE).read_text() != fp:
             shutil.rmtree(work)  # a checkpoint of another recipe: start over
-        try:
-            verify_resume_point(work)
-        except DamagedCheckpoint as exc:
-            note_retraining(exc, work.name)
-            shutil.rmtree(work)
+        verify_resume_point(work)  # else it said so and removed the work directory
         work.mkdir(parents=True, exist_ok=True)
         write_text_atomic(work / FINGERPRINT_FILE, fp)
     barrier(ctx)

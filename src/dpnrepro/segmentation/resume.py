@@ -23,14 +23,16 @@ rank's states first (one ``all_gather_object``) and each rank restores its own o
 mmengine's ``CheckpointHook`` writes ``iter_<n>.pth`` in place. The runs' hook writes through
 :class:`AtomicCheckpointBackend` instead (a file backend in mmengine's registry, named by the hook's
 ``backend_args``, execution.py): each checkpoint is renamed into place whole, with the umask's mode, and
-its sha256 beside it (``iter_<n>.pth.sha256``); :func:`verify_resume_point` checks the checkpoint that
-``last_checkpoint`` names before a run resumes from it.
+its sha256 in the work directory's ``SHA256SUMS`` (training/checkpoint.py's record, written in the same
+unit); :func:`verify_resume_point` checks the checkpoint that ``last_checkpoint`` names before a run
+resumes from it. The recipes keep two checkpoints (``max_keep_ckpts=2``): mmengine deletes the oldest
+one before it writes the next, so the previous complete one survives a failed or killed write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -49,42 +51,39 @@ RNG_KEY = "dpnrepro_rng"
 RANKS_RNG_KEY = "dpnrepro_rng_ranks"  # every rank's states, rank order (jobs of > 1 process)
 
 
-def checksum_file(path: Path) -> Path:
-    return path.with_name(f"{path.name}.sha256")
-
-
 @register_backend(CHECKPOINT_BACKEND)
 class AtomicCheckpointBackend(LocalBackend):
     """mmengine's local file backend, but a file is written whole or not at all (io.write_bytes_atomic:
-    a full disk leaves no truncated ``iter_<n>.pth`` and names the path), with its sha256 beside it."""
+    a full disk leaves no truncated ``iter_<n>.pth`` and names the path), with its sha256 in the folder's
+    checksum record (checkpoint.write_with_checksums), which drops it when mmengine removes the file."""
 
     def put(self, obj: bytes, filepath) -> None:
-        from dpnrepro.io import all_or_nothing, write_bytes_atomic, write_text_atomic
-        from dpnrepro.training.checkpoint import checksums_text
+        from dpnrepro.training.checkpoint import write_with_checksums
 
         path = Path(filepath)
-        with all_or_nothing():
-            write_bytes_atomic(path, obj)
-            write_text_atomic(checksum_file(path), checksums_text({path.name: hashlib.sha256(obj).hexdigest()}))
+        write_with_checksums(path.parent, {path.name: obj})
 
     def remove(self, filepath) -> None:
+        from dpnrepro.training.checkpoint import write_with_checksums
+
         super().remove(filepath)
-        with contextlib.suppress(FileNotFoundError):
-            checksum_file(Path(filepath)).unlink()
+        write_with_checksums(Path(filepath).parent, {}, drop=(Path(filepath).name,))
 
 
-def verify_resume_point(work: Path) -> None:
-    """Raise :class:`~dpnrepro.training.checkpoint.DamagedCheckpoint` unless the checkpoint that
-    ``work/last_checkpoint`` names (if any) matches its sha256."""
-    from dpnrepro.training.checkpoint import DamagedCheckpoint, verify_checksums
+def verify_resume_point(work: Path) -> bool:
+    """Whether the checkpoint that ``work/last_checkpoint`` names (if any) matches its sha256; where it
+    does not, one line says so and ``work`` is removed (the run retrains from scratch)."""
+    from dpnrepro.training.checkpoint import CHECKSUMS, DamagedCheckpoint, note_retraining, verified
 
     last = work / LAST_CHECKPOINT
     if not last.exists():
-        return
+        return True
     name = Path(last.read_text(encoding="utf-8", errors="replace").strip()).name
     if not name:
-        raise DamagedCheckpoint(last, "checksum mismatch")
-    verify_checksums(checksum_file(work / name), (name,))
+        note_retraining(DamagedCheckpoint(last, "names no checkpoint"), work.name)
+        shutil.rmtree(work, ignore_errors=True)
+        return False
+    return verified(work / CHECKSUMS, (name,), run=work.name, discard=work)
 
 
 def _numpy_globals() -> list:

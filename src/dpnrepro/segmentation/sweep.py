@@ -22,33 +22,29 @@ RUN_FILES = (WEIGHTS, "config.py", RESULT_FILE)  # a completed run's files, copi
 
 def _completed(work: Path, fp: str) -> dict | None:
     """The result of the run completed in ``work`` under fingerprint ``fp``, once its files match their
-    checksums; None where there is none, or where it is damaged (then a line says it is retrained)."""
-    from dpnrepro.training.checkpoint import CHECKSUMS, DamagedCheckpoint, note_retraining, verify_checksums
+    checksums; None where there is none, or where it is damaged or has no checksum record (a run saved
+    before records were kept: then a line says that it cannot be verified and is retrained)."""
+    from dpnrepro.training.checkpoint import CHECKSUMS, verified
 
     fingerprint_file = work / FINGERPRINT_FILE
     if not (work / RESULT_FILE).exists() or not fingerprint_file.exists() or fingerprint_file.read_text() != fp:
         return None
-    try:
-        verify_checksums(work / CHECKSUMS, RUN_FILES)
-    except DamagedCheckpoint as exc:
-        note_retraining(exc, work.name)
-        shutil.rmtree(work)
+    if not verified(work / CHECKSUMS, RUN_FILES, run=work.name, discard=work):
         return None
     return json.loads((work / RESULT_FILE).read_text())
 
 
 def _save_run(work: Path, cfg, state: dict, result: dict) -> None:
-    """The run's files (:data:`RUN_FILES`), written together, and their checksums."""
+    """The run's files (:data:`RUN_FILES`) and their checksums, written as one unit (the result last: a
+    kill inside the unit leaves no result, so the run resumes from its last checkpoint instead)."""
     from safetensors.torch import save
 
-    from dpnrepro.io import all_or_nothing, write_bytes_atomic, write_json_atomic, write_text_atomic
-    from dpnrepro.training.checkpoint import CHECKSUMS, write_checksums
+    from dpnrepro.io import json_text
+    from dpnrepro.training.checkpoint import write_with_checksums
 
-    with all_or_nothing():
-        write_bytes_atomic(work / WEIGHTS, save(state))
-        write_text_atomic(work / "config.py", cfg.pretty_text)  # the recipe: no execution setting, no history
-        write_json_atomic(work / RESULT_FILE, result)
-    write_checksums(work / CHECKSUMS, [work / name for name in RUN_FILES])
+    write_with_checksums(work, {WEIGHTS: save(state),
+                                "config.py": cfg.pretty_text.encode(),  # the recipe: no execution setting
+                                RESULT_FILE: json_text(result).encode()})
 
 
 def _run(params: Params, stem: str, fraction: str, seed: int, ctx) -> dict:

@@ -7,17 +7,21 @@ A training checkpoint is a directory with
   ``meta.json``              step, config fingerprint, optimizer param-group scalars, scheduler,
                              Python RNG state, and what the trainer adds (``extra``: the run's logged
                              curves up to this step, :class:`dpnrepro.training.history.Curves`).
-  ``SHA256SUMS``             the sha256 of each file above (``sha256sum``'s format).
+  ``SHA256SUMS``             the sha256 of each file above (``sha256sum``'s format, and a comment line
+                             with the record's own sha256: a damaged record is named as such).
 The directory is built under a temporary name and renamed into place, so a kill at any moment leaves
 either the previous complete checkpoint or the new complete one. A checkpoint is a resume cache: one
 whose files do not match their checksums (a truncated file, bytes changed on disk) is not resumed from;
-the run retrains from scratch, as if there were none.
+the run retrains from scratch, as if there were none. The same record and the same check (:func:`verified`)
+guard segmentation's mmengine checkpoints and run files (:func:`write_with_checksums`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,31 +31,68 @@ from safetensors.torch import load_file, save_file
 from dpnrepro.artifacts import MODEL_FILE, load_weights, save_weights
 from dpnrepro.determinism.rng import capture_rng, restore_rng, state_tensor
 from dpnrepro.errors import CheckpointError
-from dpnrepro.io import atomic_dir, recover_dir, write_json_atomic, write_text_atomic
+from dpnrepro.io import all_or_nothing, atomic_dir, recover_dir, write_bytes_atomic, write_json_atomic, \
+    write_text_atomic
 
 CHECKSUMS = "SHA256SUMS"
 CHECKPOINT_FILES = (MODEL_FILE, "optimizer.safetensors", "rng.safetensors", "meta.json")
 
 
 class DamagedCheckpoint(CheckpointError):
-    """A checkpoint file that is missing or does not match the checksum written with it."""
+    """A checkpoint file that is missing or does not match the checksum written with it, or (``record``)
+    a checksum record that is missing or damaged itself (then the files it covers may well be intact)."""
 
-    def __init__(self, path: Path, reason: str):
-        self.path, self.reason = Path(path), reason
-        super().__init__(f"checkpoint {path} is damaged ({reason})")
+    def __init__(self, path: Path, reason: str, *, record: bool = False):
+        self.path, self.reason, self.record = Path(path), reason, record
+        if record and reason == "missing":  # e.g. files written before checksums were kept
+            super().__init__(f"checksum record {path} is missing, so its files cannot be verified")
+        else:
+            super().__init__(f"{'checksum record' if record else 'checkpoint'} {path} is damaged ({reason})")
 
 
 def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
+        if sys.version_info >= (3, 11):
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.sha256()  # Python 3.10: no hashlib.file_digest
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+        return digest.hexdigest()
+
+
+_SELF = "# sha256 of the lines above: "  # sha256sum -c skips lines that start with '#'
 
 
 def checksums_text(digests: dict[str, str]) -> str:
-    """``sha256sum``'s format: one ``<sha256>  <name>`` line per file."""
-    return "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+    """``sha256sum``'s format: one ``<sha256>  <name>`` line per file, then a comment line with the sha256
+    of those lines, so that a damaged record is told apart from a damaged file."""
+    lines = "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+    return f"{lines}{_SELF}{hashlib.sha256(lines.encode()).hexdigest()}\n"
+
+
+def read_checksums(manifest: str | Path) -> dict[str, str]:
+    """name -> sha256 recorded in ``manifest``; :class:`DamagedCheckpoint` naming ``manifest`` where it is
+    missing or damaged (not text, malformed, or not matching its own sha256). A record without its own
+    sha256 (written before it had one) is read as it is."""
+    manifest = Path(manifest)
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DamagedCheckpoint(manifest, "missing", record=True) from None
+    except UnicodeDecodeError:
+        raise DamagedCheckpoint(manifest, "not text", record=True) from None
+    body, sep, own = text.rpartition(_SELF)
+    if sep:
+        if hashlib.sha256(body.encode()).hexdigest() != own.strip() or own.count("\n") != 1:
+            raise DamagedCheckpoint(manifest, "it does not match its own sha256", record=True)
+        text = body
+    recorded = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition("  ")
+        if not sep or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise DamagedCheckpoint(manifest, "not sha256sum lines", record=True)
+        recorded[name] = digest
+    return recorded
 
 
 def write_checksums(manifest: str | Path, files: list[Path]) -> None:
@@ -59,25 +100,34 @@ def write_checksums(manifest: str | Path, files: list[Path]) -> None:
     write_text_atomic(manifest, checksums_text({Path(f).name: file_sha256(f) for f in files}))
 
 
+def write_with_checksums(folder: str | Path, files: dict[str, bytes], *, drop: tuple[str, ...] = ()) -> None:
+    """Write ``files`` (name -> bytes) into ``folder`` and their sha256 into its :data:`CHECKSUMS`, as one
+    :func:`~dpnrepro.io.all_or_nothing` unit: the record first, the files after it in the order given (the
+    last one is the unit's completion mark). The record keeps the other files' entries, less ``drop``."""
+    folder = Path(folder)
+    try:
+        recorded = read_checksums(folder / CHECKSUMS)
+    except DamagedCheckpoint:
+        recorded = {}  # the files written now get a fresh record
+    for name in drop:
+        recorded.pop(name, None)
+    recorded.update({name: hashlib.sha256(data).hexdigest() for name, data in files.items()})
+    with all_or_nothing():
+        write_text_atomic(folder / CHECKSUMS, checksums_text(recorded))
+        for name, data in files.items():
+            write_bytes_atomic(folder / name, data)
+
+
 def verify_checksums(manifest: str | Path, names: tuple[str, ...]) -> None:
     """Raise :class:`DamagedCheckpoint` naming the first of ``names`` (files beside ``manifest``) that is
-    missing or does not match the sha256 that ``manifest`` records for it."""
+    missing or does not match the sha256 that ``manifest`` records for it, or naming ``manifest`` where
+    the record itself is missing, damaged or has no entry for one of ``names``."""
     manifest = Path(manifest)
-    try:
-        lines = manifest.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise DamagedCheckpoint(manifest, "no checksum recorded") from None
-    except UnicodeDecodeError:
-        raise DamagedCheckpoint(manifest, "checksum mismatch") from None
-    recorded = {}
-    for line in lines:
-        digest, sep, name = line.partition("  ")
-        if sep:
-            recorded[name] = digest
+    recorded = read_checksums(manifest)
     for name in names:
         path = manifest.parent / name
         if name not in recorded:
-            raise DamagedCheckpoint(manifest, "checksum mismatch")
+            raise DamagedCheckpoint(manifest, f"no checksum of {name}", record=True)
         if not path.is_file():
             raise DamagedCheckpoint(path, "missing")
         if file_sha256(path) != recorded[name]:
@@ -86,8 +136,21 @@ def verify_checksums(manifest: str | Path, names: tuple[str, ...]) -> None:
 
 def note_retraining(exc: DamagedCheckpoint, run: str) -> None:
     """The one line a run that falls back from a damaged checkpoint prints (stderr)."""
-    print(f"checkpoint {exc.path} is damaged ({exc.reason}); retraining {run} from scratch", file=sys.stderr,
-          flush=True)
+    print(f"{exc}; retraining {run} from scratch", file=sys.stderr, flush=True)
+
+
+def verified(manifest: str | Path, names: tuple[str, ...], *, run: str, discard: Path | None = None) -> bool:
+    """The one check before anything is loaded from a checkpoint or a run's saved files: True when every
+    one of ``names`` matches ``manifest``; else one line on stderr names the damaged file (or the damaged
+    record) and says that ``run`` is retrained, ``discard`` (a folder) is removed, and it is False."""
+    try:
+        verify_checksums(manifest, names)
+    except DamagedCheckpoint as exc:
+        note_retraining(exc, run)
+        if discard is not None:
+            shutil.rmtree(discard, ignore_errors=True)
+        return False
+    return True
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -147,21 +210,30 @@ def read_checkpoint_meta(ckpt_dir: str | Path) -> dict | None:
     recover_dir(ckpt_dir)  # a checkpoint left aside by a kill inside atomic_dir
     if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
         return None
-    try:
-        verify_checkpoint(ckpt_dir)
-    except DamagedCheckpoint as exc:
-        note_retraining(exc, ckpt_dir.name)
+    if not verified(ckpt_dir / CHECKSUMS, CHECKPOINT_FILES, run=ckpt_dir.name):
         return None
     return json.loads((ckpt_dir / "meta.json").read_text())
 
 
-def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler) -> dict:
-    """Restore model, optimizer, scheduler and RNG states; returns the checkpoint's meta."""
+def checkpoint_step(ckpt_dir: str | Path) -> int | None:
+    """The step that the checkpoint in ``ckpt_dir`` records, read without verifying its files (another
+    rank of a job checks that it sees the checkpoint rank 0 verified); None where it cannot be read."""
+    try:
+        return json.loads((Path(ckpt_dir) / "meta.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer, scheduler, meta: dict | None = None) -> dict:
+    """Restore model, optimizer, scheduler and RNG states; returns the checkpoint's meta. ``meta``: what
+    :func:`read_checkpoint_meta` returned for ``ckpt_dir`` (its files verified then, so not hashed again);
+    None: verify them here."""
     ckpt_dir = Path(ckpt_dir)
     if not (ckpt_dir / "meta.json").exists():
         raise CheckpointError(f"no checkpoint in {ckpt_dir}")
-    verify_checkpoint(ckpt_dir)
-    meta = json.loads((ckpt_dir / "meta.json").read_text())
+    if meta is None:
+        verify_checkpoint(ckpt_dir)
+        meta = json.loads((ckpt_dir / "meta.json").read_text())
     load_weights(model, ckpt_dir / MODEL_FILE)
     opt_sd = _unflatten_optimizer(load_file(str(ckpt_dir / "optimizer.safetensors")), meta["optimizer"])
     optimizer.load_state_dict(opt_sd)

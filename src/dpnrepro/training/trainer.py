@@ -21,7 +21,7 @@ from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.data.loader import HaloBatchSampler, StepBatchSampler, _mix, train_batches
 from dpnrepro.errors import UserError
 from dpnrepro.training import distributed
-from dpnrepro.training.checkpoint import load_checkpoint, read_checkpoint_meta, save_checkpoint
+from dpnrepro.training.checkpoint import checkpoint_step, load_checkpoint, read_checkpoint_meta, save_checkpoint
 from dpnrepro.training.history import Curves
 from dpnrepro.training.losses import LOSSES, mixup, targets_of
 from dpnrepro.training.optim import build_optimizer, build_scheduler
@@ -130,10 +130,10 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
     curves = Curves(live)  # what `live` gets, kept in every checkpoint (a resume logs it again)
     meta = distributed.broadcast_object(ctx, read_checkpoint_meta(ckpt_dir) if ctx.is_main else None)
     if meta is not None and meta.get("fingerprint") == fp:
-        if not ctx.is_main and (read_checkpoint_meta(ckpt_dir) or {}).get("step") != meta["step"]:
+        if not ctx.is_main and checkpoint_step(ckpt_dir) != meta["step"]:
             raise distributed.missing_checkpoint(ckpt_dir, ctx)
         model_obj, optim_obj = par.resume_objects(optimizer)
-        load_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler)
+        load_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler, meta=meta)
         start = meta["step"]
         curves.replay(meta["extra"]["curves"])
         if ctx.is_main:
