@@ -123,17 +123,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def read_json(path: str | os.PathLike, *, fix: str, error: type[Exception] | None = None):
     """A JSON file the pipeline wrote, read back; missing or damaged (truncated, not UTF-8): a one-line
-    ``error`` (a :class:`~dpnrepro.errors.UserError` by default) that ends with ``fix``, how to get it back."""
+    ``error`` (a :class:`~dpnrepro.errors.UserError` by default) that ends with ``fix``, how to get it back
+    (or a callable that says it, called only then)."""
     from dpnrepro.errors import UserError
 
     path = Path(path)
     error = error or UserError
     if not path.exists():
-        raise error(f"{path} is missing; {fix}")
+        raise error(f"{path} is missing; {fix() if callable(fix) else fix}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{path} is not valid JSON ({exc}; truncated?); {fix}") from None
+        raise error(f"{path} is not valid JSON ({exc}; truncated?); {fix() if callable(fix) else fix}") from None
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

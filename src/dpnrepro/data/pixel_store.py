@@ -82,8 +82,10 @@ class PixelStore:
         need = int((self.index[:, 0] + self.index[:, 1:].prod(axis=1)).max(initial=0))
         have = (store_dir / PIXELS_FILE).stat().st_size if (store_dir / PIXELS_FILE).exists() else 0
         if have != need:
+            from dpnrepro.restore import restore_fix
+
             raise DatasetError(f"pixel store {store_dir / PIXELS_FILE} holds {have} bytes, its index {need} (truncated "
-                               "or replaced); rerun `dvc repro prepare` or restore it with `dvc checkout prepare`")
+                               f"or replaced); {restore_fix(store_dir / PIXELS_FILE, 'prepare')}")
         self.pixels = np.memmap(store_dir / PIXELS_FILE, dtype=np.uint8, mode="r")
 
     def __len__(self) -> int:
