@@ -86,6 +86,21 @@ def remove_stale_temporaries(path: Path) -> None:
         _remove(stale)
 
 
+def check_writable(folder: str | os.PathLike) -> None:
+    """Create ``folder`` (and its parents) and make sure a file can be created in it, as the atomic writers
+    will: a read-only or unwritable output folder fails now, before the work, with the OSError marked with
+    ``folder`` (cli.fault_message names it)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".writable.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        mark_target(exc, folder)
+        raise
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place (inside
     :func:`all_or_nothing`: at the end of the block). A successful write removes the temporaries of
