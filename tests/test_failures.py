@@ -58,7 +58,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_train, tmp
         return loss * float("nan") if calls["n"] == 5 else loss
 
     monkeypatch.setitem(trainer_mod.LOSSES, "sigmoid_xent", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; last good checkpoint kept"):
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; last good checkpoint \(step 4\) kept"):
         train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME,
                          progress=False)
     meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
@@ -67,6 +67,19 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_train, tmp
 
     weights = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_nan_before_this_run_s_first_checkpoint_claims_no_checkpoint(tiny_train, tmp_path, monkeypatch):
+    """A checkpoint of another configuration in ckpt_dir is not "the last good checkpoint" of this run."""
+    ds, input_cfg, cfg = tiny_train
+    real = trainer_mod.LOSSES["sigmoid_xent"]
+    train_classifier(_spec(), ds, input_cfg, cfg.model_copy(update={"lr": cfg.lr / 2}), seed=0,
+                     ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME, progress=False)  # another configuration's
+    monkeypatch.setitem(trainer_mod.LOSSES, "sigmoid_xent", lambda logits, targets: real(logits, targets) * float("nan"))
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 1; no checkpoint of this run was written "
+                                               r"before it \(runtime.ckpt_every: 2\)"):
+        train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME,
+                         progress=False)
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
