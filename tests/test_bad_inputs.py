@@ -57,6 +57,7 @@ def test_printed_restore_commands_work_where_plain_dvc_checkout_does_not(tmp_pat
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+@pytest.mark.slow  # prepares data and runs the train stage three times: minutes on 2 shared cores
 def test_damaged_prepared_and_metrics_files_print_a_restore_command_that_restores_them(tmp_path):
     """The reliability rows for pixels.u8, the .arrow split, manifest.json (cached, `prepare`) and a
     git-tracked metrics file: the command in the error line, run as printed, puts the committed bytes back."""

@@ -148,9 +148,11 @@ def test_bad_recipe_value_is_reported_at_its_key_in_the_recipe():
 
 
 @pytest.mark.parametrize("cut", ["row", "value"])
-def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(tmp_path, cut):
+def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(tmp_path, cut, monkeypatch):
     from dpnrepro.reports import figures
 
+    (tmp_path / "dvc.yaml").write_text("stages:\n  train-table1:\n    cmd: x\n    outs:\n    - runs/table1\n")
+    monkeypatch.chdir(tmp_path)
     folder = tmp_path / "runs/table1/Mu-7_dpn_s0" / figures.GRAD_DIR
     folder.mkdir(parents=True)
     for layer in ("stem", "block_00"):
@@ -163,7 +165,7 @@ def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(
         else "is truncated or malformed at line 7"
     with pytest.raises(UserError, match=expect) as info:
         figures.read_grad_norms(tmp_path / "runs/table1/Mu-7_dpn_s0")
-    assert "stem.tsv" in str(info.value) and "dvc checkout train-table1" in str(info.value)
+    assert "stem.tsv" in str(info.value) and "restore it with `dvc checkout --force runs/table1`" in str(info.value)
 
 
 def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked_outputs(tmp_path):
@@ -177,7 +179,7 @@ def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked
     (tmp_path / "sub/dvc.yaml").write_text("stages:\n  bench:\n    cmd: x\n    outs:\n    - out.json:\n        persist: true\n")
     env = {"DVC_ROOT": str(tmp_path)}
     assert restore_hint(env) == ""  # not under dvc repro: nothing was removed
-    assert restore_hint({**env, "DVC_STAGE": "prepare"}).endswith("; `dvc checkout prepare` restores them)")
+    assert restore_hint({**env, "DVC_STAGE": "prepare"}).endswith("; `dvc checkout --force data/prepared` restores them)")
     assert restore_hint({**env, "DVC_STAGE": "table1"}).endswith(
         "; `git checkout -- reports/table1.md metrics/headline/table1.json` restores them)")
     assert restore_hint({**env, "DVC_STAGE": "sub/dvc.yaml:bench"}) == ""  # persist: DVC keeps it

@@ -76,6 +76,8 @@ class PixelStore:
 
     def __init__(self, store_dir: str | Path):
         store_dir = Path(store_dir)
+        if not store_dir.is_dir():
+            raise DatasetError(f"no pixel store at {store_dir}; set data.pixel_store_side and rerun `dvc repro prepare`")
         if not (store_dir / INDEX_FILE).exists():
             from dpnrepro.restore import restore_fix
 
