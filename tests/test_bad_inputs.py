@@ -231,3 +231,22 @@ def test_a_crafted_pickle_as_segmentation_resume_point_is_one_line(tmp_path):
             torch.load(tmp_path / "iter_2.pth")
     assert "weights_only=False" not in str(info.value) and "\n" not in str(info.value), info.value
     assert f"delete {tmp_path}" in str(info.value) and not (tmp_path / "PWNED").exists()
+
+
+def test_dvc_s_own_disk_errors_are_one_line_at_the_repro_entry_point_and_in_the_stage_s_hint(monkeypatch):
+    """Under `ulimit -f 20` DVC's state database (sqlite) fails with "disk I/O error" when a Repo is opened:
+    `python -m dpnrepro.dvc_graph repro` (make repro) says so in one line, and a stage's error line, whose
+    restore hint opens the Repo, still comes out (without the hint) instead of a traceback."""
+    import sqlite3
+
+    from dpnrepro import cli, dvc_graph
+    from dpnrepro.errors import UserError
+
+    def broken(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(dvc_graph, "open_repo", broken)
+    with pytest.raises(UserError, match=r"dvc repro study_report: DVC's OperationalError: disk I/O error \(a full "
+                                        r"disk or a file-size limit\?\)"):
+        dvc_graph.reproduce(["study_report"])
+    assert cli.restore_hint({"DVC_STAGE": "study_report", "DVC_ROOT": str(REPO)}) == ""

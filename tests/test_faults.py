@@ -170,8 +170,8 @@ def test_read_only_checkpoints_folder_is_one_line_before_training(project):
     with read_only(project / "checkpoints/table1") as says:
         proc = stage(project, "stages/train.py", *ONE_RUN)
     line = error_line(proc)
-    assert line.startswith(f"error: {says} while writing checkpoints/table1;"), line
     assert "step/s" not in proc.stderr, "it trained before failing"
+    assert line.startswith(f"error: {says} while writing checkpoints/table1;"), line
     assert not (project / "runs/table1/Mu-7_dpn_s0").exists() and not leftovers(project / "runs")
 
 

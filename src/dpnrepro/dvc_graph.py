@@ -156,18 +156,18 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
 
     if record:
         write_json_atomic(record, ran)
-    with open_repo(root) as repo:
-        try:
+    try:
+        with open_repo(root) as repo:
             repo.reproduce(list(targets) or None, repro_fn=timed, **options)
-        except DvcException as exc:
-            cause = f": {exc.__cause__}" if exc.__cause__ else ""
-            raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}{_removed_hint(ran)}".replace("\n", " ")) \
-                from None
-        except (OSError, sqlite3.Error) as exc:  # DVC's own writes (its state database, a removal) failed
-            from dpnrepro.cli import fault_message
+    except DvcException as exc:
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}{_removed_hint(ran)}".replace("\n", " ")) \
+            from None
+    except (OSError, sqlite3.Error) as exc:  # DVC's own writes (its state database, a removal) failed
+        from dpnrepro.cli import fault_message
 
-            what = fault_message(exc) or f"{type(exc).__name__}: {exc} (a full disk or a file-size limit?)"
-            raise UserError(f"dvc repro {' '.join(targets)}: {what}{_removed_hint(ran)}".replace("\n", " ")) from None
+        what = fault_message(exc) or f"DVC's {type(exc).__name__}: {exc} (a full disk or a file-size limit?)"
+        raise UserError(f"dvc repro {' '.join(targets)}: {what}{_removed_hint(ran)}".replace("\n", " ")) from None
     return ran
 
 
