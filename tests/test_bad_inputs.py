@@ -1,6 +1,5 @@
-"""Bad inputs and faults that used to end in a traceback, say something wrong, or lose work (issue 53, item 6):
-each test fails on the code before its fix. In-process where the fault allows; the restore commands are run
-for real in scratch DVC projects."""
+"""Bad inputs and faults of the machine: one line, advice that works as printed, no work thrown away.
+In-process where the fault allows; the restore commands are run for real in scratch DVC projects."""
 
 from __future__ import annotations
 
