@@ -110,6 +110,7 @@ def test_dvc_repro_refuses_a_stage_with_an_unwritable_output_folder_before_dvc_r
         with pytest.raises(UserError, match=rf"stage report not run, its outputs untouched: {says}: headline; "):
             dvc_graph.reproduce(["report"], root, force=True, single_item=True)
         assert (root / "reports/r.md").read_text() == "r\n", "DVC must not have removed the other output"
+        assert dvc_graph.reproduce(["report"], root) == {}, "an up-to-date stage is not refused"
     assert list(dvc_graph.reproduce(["report"], root, force=True, single_item=True)) == ["report"]
 
 

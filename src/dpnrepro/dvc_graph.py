@@ -140,7 +140,9 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
 
     def timed(stage, **kwargs):
         name = address(stage, repo.root_dir)
-        if not kwargs.get("dry") and (unwritable := unwritable_output(stage, repo.root_dir)) is not None:
+        will_run = not kwargs.get("dry") and (  # as Stage.reproduce decides; an up-to-date stage is not checked
+            kwargs.get("force") or stage.changed(kwargs.get("allow_missing", False), kwargs.get("upstream")))
+        if will_run and (unwritable := unwritable_output(stage, repo.root_dir)) is not None:
             raise UserError(f"stage {name} not run, its outputs untouched: {unwritable}")
         ran[name], started = None, time.perf_counter()
         if record:
