@@ -251,7 +251,7 @@ def test_dvc_repro_failure_says_how_to_restore_the_outputs_dvc_removed(project):
     assert "dvc removed this stage's previous outputs before running it; `git checkout -- reports/table1.md " \
            "reports/table1.png metrics/table1_summary.json metrics/headline/table1.json` restores them" in line, line
     assert not (project / "reports/table1.md").exists(), "DVC removed it (else this test proves nothing)"
-    restore = line.split("`git checkout -- ")[1].split("`")[0].split()
+    restore = line.split("before running it; `git checkout -- ")[1].split("`")[0].split()  # not the metrics file's
     run(["git", "checkout", "--", *restore], project)
     assert (project / "reports/table1.md").read_bytes() == (REPO / "reports/table1.md").read_bytes()
 
