@@ -114,12 +114,12 @@ def safe_mmengine_load(work: Path | None = None):
         with torch.serialization.safe_globals(mmengine_safe_globals()):
             yield
     except pickle.UnpicklingError as exc:
-        found = re.search(r"Unsupported (?:global|operand)[^\n.]*", str(exc))
+        found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(exc), re.IGNORECASE)
+        what = f"it names {found.group(1).rstrip('.')}" if found else f"{type(exc).__name__}"
         where = f" in {work}" if work is not None else ""
         raise CheckpointError(f"refusing to load the segmentation resume point{where}: it is not a checkpoint this "
-                              f"project writes ({found.group(0) if found else type(exc).__name__}; its code did not "
-                              f"run); delete {work if work is not None else 'the run folder'} to train from scratch"
-                              ) from None
+                              f"project writes ({what}; none of its code ran); delete "
+                              f"{work if work is not None else 'the run folder'} to train from scratch") from None
 
 
 def capture_rng() -> dict:
