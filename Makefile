@@ -23,7 +23,7 @@ env:
 	bash tools/setup_env.sh
 
 repro: env
-	$(BIN)/dvc repro
+	$(BIN)/python -m dpnrepro.dvc_graph repro
 
 test: env
 	$(PYTEST)

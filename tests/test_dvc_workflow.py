@@ -217,7 +217,7 @@ def test_restore_hint_under_a_real_dvc_repro_names_the_paths_a_sub_folder_stage_
     root = _sub_folder_project(tmp_path / "p")
     run(["dvc", "repro", "sub/dvc.yaml"], root, timeout=300)
     assert (root / "hint.txt").read_text() == (
-        " (dvc removed this stage's previous outputs before running it; `dvc checkout sub/dvc.yaml:make` and "
+        " (dvc removed this stage's previous outputs before running it; `dvc checkout --force out` and "
         "`git checkout -- metrics/m.json` restores them)")
     assert dvc_graph.status([], root) == {}
     (root / "raw.txt").unlink()

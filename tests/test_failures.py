@@ -58,7 +58,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_train, tmp
         return loss * float("nan") if calls["n"] == 5 else loss
 
     monkeypatch.setitem(trainer_mod.LOSSES, "sigmoid_xent", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; last good checkpoint kept"):
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; last good checkpoint \(step 4\) kept"):
         train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME,
                          progress=False)
     meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
@@ -67,6 +67,19 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_train, tmp
 
     weights = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_nan_before_this_run_s_first_checkpoint_claims_no_checkpoint(tiny_train, tmp_path, monkeypatch):
+    """A checkpoint of another configuration in ckpt_dir is not "the last good checkpoint" of this run."""
+    ds, input_cfg, cfg = tiny_train
+    real = trainer_mod.LOSSES["sigmoid_xent"]
+    train_classifier(_spec(), ds, input_cfg, cfg.model_copy(update={"lr": cfg.lr / 2}), seed=0,
+                     ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME, progress=False)  # another configuration's
+    monkeypatch.setitem(trainer_mod.LOSSES, "sigmoid_xent", lambda logits, targets: real(logits, targets) * float("nan"))
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 1; no checkpoint of this run was written "
+                                               r"before it \(runtime.ckpt_every: 2\)"):
+        train_classifier(_spec(), ds, input_cfg, cfg, seed=0, ckpt_dir=tmp_path / "ckpt", runtime=RUNTIME,
+                         progress=False)
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
@@ -135,9 +148,11 @@ def test_bad_recipe_value_is_reported_at_its_key_in_the_recipe():
 
 
 @pytest.mark.parametrize("cut", ["row", "value"])
-def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(tmp_path, cut):
+def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(tmp_path, cut, monkeypatch):
     from dpnrepro.reports import figures
 
+    (tmp_path / "dvc.yaml").write_text("stages:\n  train-table1:\n    cmd: x\n    outs:\n    - runs/table1\n")
+    monkeypatch.chdir(tmp_path)
     folder = tmp_path / "runs/table1/Mu-7_dpn_s0" / figures.GRAD_DIR
     folder.mkdir(parents=True)
     for layer in ("stem", "block_00"):
@@ -150,7 +165,7 @@ def test_truncated_gradient_log_is_blamed_on_the_file_not_on_figures_last_steps(
         else "is truncated or malformed at line 7"
     with pytest.raises(UserError, match=expect) as info:
         figures.read_grad_norms(tmp_path / "runs/table1/Mu-7_dpn_s0")
-    assert "stem.tsv" in str(info.value) and "dvc checkout train-table1" in str(info.value)
+    assert "stem.tsv" in str(info.value) and "restore it with `dvc checkout --force runs/table1`" in str(info.value)
 
 
 def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked_outputs(tmp_path):
@@ -164,7 +179,7 @@ def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked
     (tmp_path / "sub/dvc.yaml").write_text("stages:\n  bench:\n    cmd: x\n    outs:\n    - out.json:\n        persist: true\n")
     env = {"DVC_ROOT": str(tmp_path)}
     assert restore_hint(env) == ""  # not under dvc repro: nothing was removed
-    assert restore_hint({**env, "DVC_STAGE": "prepare"}).endswith("; `dvc checkout prepare` restores them)")
+    assert restore_hint({**env, "DVC_STAGE": "prepare"}).endswith("; `dvc checkout --force data/prepared` restores them)")
     assert restore_hint({**env, "DVC_STAGE": "table1"}).endswith(
         "; `git checkout -- reports/table1.md metrics/headline/table1.json` restores them)")
     assert restore_hint({**env, "DVC_STAGE": "sub/dvc.yaml:bench"}) == ""  # persist: DVC keeps it

@@ -167,8 +167,22 @@ def test_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkp
 def test_read_only_output_folder_is_one_line_before_training(project):
     with read_only(project / "runs/table1") as says:
         line = error_line(stage(project, "stages/train.py", *ONE_RUN))
-    assert line.startswith(f"error: {says} while writing runs/table1/Mu-7_dpn_s0"), line
+    assert line.startswith(f"error: {says} while writing runs/table1"), line
     assert not (project / "checkpoints/table1/Mu-7_dpn_s0").exists(), "it must fail before training"
+
+
+def test_read_only_checkpoints_folder_is_one_line_before_training(project):
+    """With ckpt_every = steps (the smoke default) the first checkpoint is the last step: a read-only
+    checkpoints/ must stop the stage before it trains, not after."""
+    params = one_run_params()
+    params["runtime"]["ckpt_every"] = params["train"]["steps"]
+    write_params(project, params)
+    with read_only(project / "checkpoints/table1") as says:
+        proc = stage(project, "stages/train.py", *ONE_RUN)
+    line = error_line(proc)
+    assert "step/s" not in proc.stderr, "it trained before failing"
+    assert line.startswith(f"error: {says} while writing checkpoints/table1;"), line
+    assert not (project / "runs/table1/Mu-7_dpn_s0").exists() and not leftovers(project / "runs")
 
 
 @pytest.mark.parametrize("flag, value, expect", [
@@ -247,7 +261,7 @@ def test_dvc_repro_failure_says_how_to_restore_the_outputs_dvc_removed(project):
     assert "dvc removed this stage's previous outputs before running it; `git checkout -- reports/table1.md " \
            "reports/table1.png metrics/table1_summary.json metrics/headline/table1.json` restores them" in line, line
     assert not (project / "reports/table1.md").exists(), "DVC removed it (else this test proves nothing)"
-    restore = line.split("`git checkout -- ")[1].split("`")[0].split()
+    restore = line.split("before running it; `git checkout -- ")[1].split("`")[0].split()  # not the metrics file's
     run(["git", "checkout", "--", *restore], project)
     assert (project / "reports/table1.md").read_bytes() == (REPO / "reports/table1.md").read_bytes()
 

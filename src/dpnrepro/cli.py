@@ -126,34 +126,18 @@ def fault_message(exc: BaseException) -> str | None:
 
 
 def restore_hint(env=os.environ) -> str:
-    """Under ``dvc repro`` (``DVC_STAGE`` set): DVC removed the stage's outputs before running it; how to get
-    the previous ones back (``dvc checkout`` for cached outputs, ``git checkout`` for git-tracked ones)."""
+    """Under ``dvc repro`` (``DVC_STAGE`` set): DVC removed the stage's outputs before running it; the commands
+    that get the previous ones back (restore.stage_restore_commands: ``dvc checkout --force`` for cached
+    outputs, ``git checkout --`` for git-tracked ones)."""
     name = env.get("DVC_STAGE")
     if not name:
         return ""
-    cached, tracked = stage_outputs(name, Path(env.get("DVC_ROOT", ".")))
-    ways = ([f"`dvc checkout {name}`"] if cached else []) + \
-        ([f"`git checkout -- {' '.join(tracked)}`"] if tracked else [])
+    from dpnrepro.restore import stage_restore_commands
+
+    ways = stage_restore_commands(name, env.get("DVC_ROOT", "."))
     if not ways:
         return ""
     return f" (dvc removed this stage's previous outputs before running it; {' and '.join(ways)} restores them)"
-
-
-def stage_outputs(name: str, root: Path) -> tuple[list[str], list[str]]:
-    """``(cached, git-tracked)`` paths, relative to ``root``, of the outputs DVC removes before running stage
-    ``name`` (``dvc.yaml``'s ``<stage>`` or ``<dir>/dvc.yaml:<stage>``; not ``persist`` ones), from DVC's
-    own reading of the pipeline (dvc_graph: ``wdir`` resolved); none when DVC cannot read it."""
-    from dvc.exceptions import DvcException
-
-    from dpnrepro import dvc_graph
-    from dpnrepro.errors import UserError
-
-    try:
-        outs = dvc_graph.stage_outputs(name, root)
-    except (UserError, DvcException, OSError):  # the hint adds to an error being reported, never replaces it
-        return [], []
-    removed = [out for out in outs if not out.persist]
-    return [o.path for o in removed if o.cache], [o.path for o in removed if not o.cache]
 
 
 # How gloo / NCCL report a peer that went away mid-collective (the peer printed its own error).

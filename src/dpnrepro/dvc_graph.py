@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -119,6 +120,31 @@ def upstream_stages(names: Sequence[str], root: Path | str = ".") -> list[str]:
         return order
 
 
+def unwritable_output(stage, root_dir: str) -> str | None:
+    """The first output folder of ``stage`` that DVC could not empty before running it (the folder holding an
+    output, or a folder output itself, read-only or without write permission), as the one-line fault
+    (cli.fault_message) naming it; None when every one is writable. DVC deletes outputs one by one, so a
+    stage with one unwritable output would lose the others and then fail with no word on how."""
+    import errno
+
+    from dpnrepro.cli import fault_message
+
+    for out in stage.outs:
+        if out.persist:
+            continue
+        path = Path(out.fs_path)
+        folders = [path] if path.is_dir() and not path.is_symlink() else []
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        for folder in [folder, *folders]:
+            if not os.access(folder, os.W_OK):
+                code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
+                rel = os.path.relpath(folder, root_dir)
+                return fault_message(OSError(code, os.strerror(code), rel))
+    return None
+
+
 def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path | None = None,
               **options) -> dict[str, float]:
     """``Repo.reproduce(targets, **options)`` (``force``, ``single_item``, ``dry``, ...): the stages it ran, in
@@ -134,6 +160,10 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
 
     def timed(stage, **kwargs):
         name = address(stage, repo.root_dir)
+        will_run = not kwargs.get("dry") and (  # as Stage.reproduce decides; an up-to-date stage is not checked
+            kwargs.get("force") or stage.changed(kwargs.get("allow_missing", False), kwargs.get("upstream")))
+        if will_run and (unwritable := unwritable_output(stage, repo.root_dir)) is not None:
+            raise UserError(f"stage {name} not run, its outputs untouched: {unwritable}")
         ran[name], started = None, time.perf_counter()
         if record:
             write_json_atomic(record, ran)
@@ -148,13 +178,28 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
 
     if record:
         write_json_atomic(record, ran)
-    with open_repo(root) as repo:
-        try:
+    try:
+        with open_repo(root) as repo:
             repo.reproduce(list(targets) or None, repro_fn=timed, **options)
-        except DvcException as exc:
-            cause = f": {exc.__cause__}" if exc.__cause__ else ""
-            raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}".replace("\n", " ")) from None
+    except DvcException as exc:
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}{_removed_hint(ran)}".replace("\n", " ")) \
+            from None
+    except (OSError, sqlite3.Error) as exc:  # DVC's own writes (its state database, a removal) failed
+        from dpnrepro.cli import fault_message
+
+        what = fault_message(exc) or f"DVC's {type(exc).__name__}: {exc} (a full disk or a file-size limit?)"
+        raise UserError(f"dvc repro {' '.join(targets)}: {what}{_removed_hint(ran)}".replace("\n", " ")) from None
     return ran
+
+
+def _removed_hint(ran: dict) -> str:
+    """How to get back the outputs DVC removed before the stage that was running when it failed."""
+    from dpnrepro.restore import stage_restore_commands
+
+    running = [name for name, seconds in ran.items() if seconds is None]
+    ways = stage_restore_commands(running[-1]) if running else []
+    return f" (dvc removed {running[-1]}'s previous outputs first; {' and '.join(ways)} restores them)" if ways else ""
 
 
 def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, list]:

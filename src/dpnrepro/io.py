@@ -106,6 +106,21 @@ def remove_stale_temporaries(path: Path) -> None:
     recover_file(path)
 
 
+def check_writable(folder: str | os.PathLike) -> None:
+    """Create ``folder`` (and its parents) and make sure a file can be created in it, as the atomic writers
+    will: a read-only or unwritable output folder fails now, before the work, with the OSError marked with
+    ``folder`` (cli.fault_message names it)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".writable.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        mark_target(exc, folder)
+        raise
+
+
 def _keep_previous(path: Path) -> Path | None:
     """A second name for ``path``'s current contents (``.<name>.previous``: a hard link, or a copy where the
     filesystem has none), so that a failed block can put them back; None where ``path`` does not exist.
@@ -166,7 +181,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def read_json(path: str | os.PathLike, *, fix: str, error: type[Exception] | None = None):
     """A JSON file the pipeline wrote, read back; missing or damaged (truncated, not UTF-8): a one-line
-    ``error`` (a :class:`~dpnrepro.errors.UserError` by default) that ends with ``fix``, how to get it back."""
+    ``error`` (a :class:`~dpnrepro.errors.UserError` by default) that ends with ``fix``, how to get it back
+    (or a callable that says it, called only then)."""
     from dpnrepro.errors import UserError
 
     path = Path(path)
@@ -174,11 +190,11 @@ def read_json(path: str | os.PathLike, *, fix: str, error: type[Exception] | Non
     if not path.exists():
         recover_file(path)
     if not path.exists():
-        raise error(f"{path} is missing; {fix}")
+        raise error(f"{path} is missing; {fix() if callable(fix) else fix}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{path} is not valid JSON ({exc}; truncated?); {fix}") from None
+        raise error(f"{path} is not valid JSON ({exc}; truncated?); {fix() if callable(fix) else fix}") from None
 
 
 def json_text(obj) -> str:

@@ -151,13 +151,36 @@ def parse_params(raw: dict, path: Path | str = "params.yaml") -> Params:
     return params
 
 
+def _unique_key_loader() -> type:
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last; DVC refuses the
+    file, so a stage must not train on it): a ``ConstructorError`` at the second occurrence."""
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class UniqueKeyLoader(base):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            problem=f"key {key!r} is given twice (first at line {seen[key] + 1}); DVC refuses such a "
+                                    "file: keep one", problem_mark=key_node.start_mark)
+                    seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     """Read and validate ``params.yaml``; ParamsError (one line) on any problem."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path} not found; run from the repository root or copy a profile from profiles/")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())
     except UnicodeDecodeError as exc:
         raise ParamsError(f"{path} is not UTF-8 text (invalid byte at offset {exc.start}); re-save it as UTF-8") from None
     except yaml.YAMLError as exc:

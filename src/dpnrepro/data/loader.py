@@ -108,8 +108,10 @@ def load_split(prepared_dir: str | Path, split: str):
     except Exception as exc:
         if not damaged_data(exc):
             raise  # a fault of the machine (permission, disk, memory): the stage names it (cli.fault_message)
-        raise DatasetError(f"prepared split {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); rerun "
-                           "`dvc repro prepare` or restore it with `dvc checkout prepare`") from exc
+        from dpnrepro.restore import restore_fix
+
+        raise DatasetError(f"prepared split {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
+                           f"{restore_fix(path, 'prepare')}") from exc
     if "image" in ds.column_names or "path" not in ds.column_names:
         return ds
     from dpnrepro.data.prepare import load_manifest  # data.storage: source, an index of the source's files

@@ -76,14 +76,21 @@ class PixelStore:
 
     def __init__(self, store_dir: str | Path):
         store_dir = Path(store_dir)
-        if not (store_dir / INDEX_FILE).exists():
+        if not store_dir.is_dir():
             raise DatasetError(f"no pixel store at {store_dir}; set data.pixel_store_side and rerun `dvc repro prepare`")
+        if not (store_dir / INDEX_FILE).exists():
+            from dpnrepro.restore import restore_fix
+
+            raise DatasetError(f"pixel store {store_dir} has no {INDEX_FILE} (deleted, or the prepared data is damaged); "
+                               f"{restore_fix(store_dir / INDEX_FILE, 'prepare')}")
         self.index = np.load(store_dir / INDEX_FILE)
         need = int((self.index[:, 0] + self.index[:, 1:].prod(axis=1)).max(initial=0))
         have = (store_dir / PIXELS_FILE).stat().st_size if (store_dir / PIXELS_FILE).exists() else 0
         if have != need:
+            from dpnrepro.restore import restore_fix
+
             raise DatasetError(f"pixel store {store_dir / PIXELS_FILE} holds {have} bytes, its index {need} (truncated "
-                               "or replaced); rerun `dvc repro prepare` or restore it with `dvc checkout prepare`")
+                               f"or replaced); {restore_fix(store_dir / PIXELS_FILE, 'prepare')}")
         self.pixels = np.memmap(store_dir / PIXELS_FILE, dtype=np.uint8, mode="r")
 
     def __len__(self) -> int:

@@ -297,5 +297,7 @@ def _drop_source_sizes(info_path: Path) -> None:
 
 
 def load_manifest(prepared_dir: str | Path) -> dict:
-    return read_json(Path(prepared_dir) / "manifest.json", error=DatasetError,
-                     fix="rerun `dvc repro prepare` or restore it with `dvc checkout prepare`")
+    from dpnrepro.restore import restore_fix
+
+    path = Path(prepared_dir) / "manifest.json"
+    return read_json(path, error=DatasetError, fix=lambda: restore_fix(path, "prepare"))

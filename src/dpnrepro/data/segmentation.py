@@ -114,7 +114,7 @@ def export_canvases(source: str | os.PathLike, out: str | os.PathLike, *, train_
     out = Path(out)
     counts = {}
     for split, n, source_split in (("train", train_images, "train"), ("val", val_images, "test")):
-        images, labels = load_idx(source, source_split)
+        images, labels = load_idx(source, source_split, key="export_seg_canvases.source")
         canvases, maps = compose_canvases(images, labels, n, size=size, items=items, seed=seed + (split == "val"))
         folder = SPLITS[split]
         (out / "images" / folder).mkdir(parents=True)

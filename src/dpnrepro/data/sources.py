@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,11 @@ def _open_maybe_gz(path: Path):
 def read_idx(path: Path) -> np.ndarray:
     """Read one MNIST idx file (uint8 data) into an array, validating its header and length."""
     with _open_maybe_gz(path) as f:
-        raw = f.read()
+        try:
+            raw = f.read()
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # a truncated or damaged .gz
+            raise DatasetError(f"truncated or corrupt gzip file {getattr(f, 'name', path)} ({exc}); "
+                               "reinstall the dataset") from None
     if len(raw) < 4:
         raise DatasetError(f"corrupt idx file {path}: {len(raw)} bytes; reinstall the dataset")
     zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
@@ -61,13 +66,14 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(body, dtype=np.uint8).reshape(shape)
 
 
-def load_idx(root: str | os.PathLike, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, H, W) uint8 and labels (N,) int64 of one idx split ('train' or 'test')."""
+def load_idx(root: str | os.PathLike, split: str, key: str = "data.source") -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, H, W) uint8 and labels (N,) int64 of one idx split ('train' or 'test'); ``key``: the params
+    key that names ``root``, for the error when it is missing."""
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(
             f"dataset directory {root} does not exist; on Debian run "
-            "`apt-get install dataset-fashion-mnist` (or `make data`), or set data.source"
+            f"`apt-get install dataset-fashion-mnist`, or set {key} in params.yaml"
         )
     images_name, labels_name = _IDX_FILES[split]
     images = read_idx(root / images_name)
@@ -166,7 +172,7 @@ def export_idx_as_imagefolder(source: str | os.PathLike, out: str | os.PathLike,
     out = Path(out)
     written = {}
     for split, n_per_class in per_class.items():
-        images, labels = load_idx(source, split)
+        images, labels = load_idx(source, split, key="export_imagefolder.source")
         counts = np.zeros(len(class_names), dtype=np.int64)
         for d in range(len(class_names)):
             (out / split / folder_name(d, class_names[d])).mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def fashion_mnist_captions(source: str, split: str, *, per_class: int, parents: 
     if len(parents) != len(FASHION_MNIST_CLASSES):
         raise DatasetError(f"lit_captions.parents needs one group per class ({len(FASHION_MNIST_CLASSES)}), "
                            f"got {len(parents)}")
-    images, labels = load_idx(source, split)
+    images, labels = load_idx(source, split, key="lit_captions.source")
     keep = np.concatenate([np.flatnonzero(labels == c)[:per_class or None] for c in range(len(FASHION_MNIST_CLASSES))])
     keep.sort()
     glosses = wordnet_glosses(wordnet, sorted({head_noun(n) for n in FASHION_MNIST_CLASSES}))

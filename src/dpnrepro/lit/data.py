@@ -79,7 +79,7 @@ def labelled_images(fmt: str, source: str, *, split: str = "test", per_class: in
     elif fmt == "idx":
         from dpnrepro.data.sources import load_idx
 
-        arrays, label_array = load_idx(source, split)
+        arrays, label_array = load_idx(source, split, key="the task's source")
         images, labels = [Image.fromarray(a) for a in arrays], label_array.tolist()
     elif fmt in ("imagefolder", "disk"):
         from dpnrepro.data.sources import load_source

@@ -39,7 +39,11 @@ def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
     if not folder.is_dir():  # a run directory written without its curves (before restores kept them)
         raise UserError(f"{folder} is missing: the run has no gradient-norm logs. Retrain it without its resume "
                         f"state: `rm -rf checkpoints/{sweep}/{run} && dvc repro -f -s train-{sweep} && dvc repro`")
-    restore = f"restore the run with `dvc checkout train-{sweep}` or retrain it (`dvc repro -f -s train-{sweep}`)"
+    def restore(tsv: Path) -> str:
+        from dpnrepro.restore import restore_command
+
+        return f"restore it with {restore_command(tsv, f'train-{sweep}')} or retrain it (`dvc repro -f -s train-{sweep}`)"
+
     out = {}
     for tsv in sorted(folder.glob("*.tsv")):
         series = {}
@@ -47,13 +51,13 @@ def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
             try:
                 series[int(row["step"])] = float(row[tsv.stem])
             except (KeyError, TypeError, ValueError):
-                raise UserError(f"{tsv} is truncated or malformed at line {line}; {restore}") from None
+                raise UserError(f"{tsv} is truncated or malformed at line {line}; {restore(tsv)}") from None
         out[tsv.stem] = series
     last = {layer: max(series, default=-1) for layer, series in out.items()}
     short = sorted(layer for layer, step in last.items() if step < max(last.values(), default=-1))
     if short:
         raise UserError(f"{folder / short[0]}.tsv ends at step {last[short[0]]}, the run's other layers at step "
-                        f"{max(last.values())}: the file is truncated; {restore}")
+                        f"{max(last.values())}: the file is truncated; {restore(folder / (short[0] + '.tsv'))}")
     return out
 
 

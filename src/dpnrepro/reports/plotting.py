@@ -34,8 +34,10 @@ def read_metrics(path: Path, stage: str) -> dict:
     """The metrics JSON a report is built from; a one-line error naming the stage that writes it if missing
     or unreadable."""
     from dpnrepro.io import read_json
+    from dpnrepro.restore import restore_command
 
-    return read_json(path, fix=f"rebuild it with `dvc repro --force {stage}` or restore it with `dvc checkout {stage}`")
+    return read_json(path, fix=lambda: f"rebuild it with `dvc repro --force {stage}` or restore it with "
+                                       f"{restore_command(path, stage)}")
 
 
 def finish_delta_axes(axes) -> None:

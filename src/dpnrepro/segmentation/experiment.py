@@ -142,7 +142,7 @@ def train_and_evaluate(cfg, *, ctx=None, log_level: str = "WARNING") -> dict:
                                resume=(work / "last_checkpoint").exists(), log_level=log_level)
     runner = Runner.from_cfg(run_cfg)
     try:
-        with safe_mmengine_load():
+        with safe_mmengine_load(work):
             runner.train()
         metrics = runner.val()
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model

@@ -100,10 +100,25 @@ def mmengine_safe_globals() -> list:
 
 
 @contextlib.contextmanager
-def safe_mmengine_load():
-    """Within the block, ``torch.load(weights_only=True)`` (torch's default) accepts mmengine checkpoints."""
-    with torch.serialization.safe_globals(mmengine_safe_globals()):
-        yield
+def safe_mmengine_load(work: Path | None = None):
+    """Within the block, ``torch.load(weights_only=True)`` (torch's default) accepts mmengine checkpoints; a
+    pickle that holds anything else (code, other types) is refused in one line (CheckpointError) naming the
+    run folder ``work``, without torch's advice to load it with ``weights_only=False``."""
+    import pickle
+    import re
+
+    from dpnrepro.errors import CheckpointError
+
+    try:
+        with torch.serialization.safe_globals(mmengine_safe_globals()):
+            yield
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(exc), re.IGNORECASE)
+        what = f"it names {found.group(1).rstrip('.')}" if found else f"{type(exc).__name__}"
+        where = f" in {work}" if work is not None else ""
+        raise CheckpointError(f"refusing to load the segmentation resume point{where}: it is not a checkpoint this "
+                              f"project writes ({what}; none of its code ran); delete "
+                              f"{work if work is not None else 'the run folder'} to train from scratch") from None
 
 
 def capture_rng() -> dict:

@@ -102,17 +102,40 @@ def cell_jobs(params: StudyParams, cell: Cell, data_dir: Path) -> list[dict]:
     return jobs
 
 
+def worker_count(workers: int | None, env=os.environ) -> int | None:
+    """The number of parallel runs asked for: ``workers`` (``--workers``), else ``$DPNREPRO_STUDY_WORKERS``,
+    else None (the CPU count); a UserError (one line) unless it is a positive integer."""
+    from dpnrepro.errors import UserError
+
+    if workers is not None:
+        if workers < 1:
+            raise UserError(f"--workers {workers}: the number of parallel runs must be a positive integer")
+        return workers
+    raw = env.get(WORKERS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UserError(f"{WORKERS_ENV}={raw!r}: the number of parallel runs must be a positive integer "
+                        f"(or unset it for the CPU count)")
+    return value
+
+
 def run_cell(params: StudyParams, cell: Cell, *, workers: int | None = None, progress: bool = True) -> dict:
     """Train every run of ``cell``; returns the cell's metrics (no timings: they differ per machine)."""
     from tqdm.auto import tqdm
 
     from dpnrepro.cli import hardware_label
 
+    workers = worker_count(workers)
     inp, model, train = params.run_config(cell)
     with tempfile.TemporaryDirectory(prefix="dpnrepro-study-") as tmp:
         data_dir = prepare_study_dataset(params.datasets[cell.dataset], Path(tmp))
         jobs = cell_jobs(params, cell, data_dir)
-        n = min(workers or int(os.environ.get(WORKERS_ENV, 0)) or os.cpu_count() or 1, len(jobs))
+        n = min(workers or os.cpu_count() or 1, len(jobs))
         results, t0 = [], time.perf_counter()
         bar = tqdm(total=len(jobs), desc=f"study {cell.name}", unit="run", disable=not progress)
         if n == 1:  # in this process: no worker start-up

@@ -13,7 +13,7 @@ from dpnrepro.data.loader import load_split
 from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
 from dpnrepro.data.prepare import load_manifest, prepared_dir
 from dpnrepro.errors import DatasetError
-from dpnrepro.io import atomic_dir
+from dpnrepro.io import atomic_dir, check_writable
 from dpnrepro.runs import ResolvedRun, Run, resolve_runs, session_settings
 from dpnrepro.training import distributed, launch
 from dpnrepro.training.finetune import pretrained_init
@@ -42,7 +42,12 @@ def train_stage(params: Params, sweep: str, run: Run | None = None, *, progress:
     process for the whole sweep: the stage pays Python's start-up once. A run whose checkpoint is complete
     for the same fingerprint is restored, not retrained, so adding a seed to a sweep trains only the new run.
     """
+    from dpnrepro.determinism.cpu import require_pins
+
+    require_pins()  # the run directories are results: never labelled "pins not in force"
     resolved = resolve_runs(params, sweep, None if run is None else [run])
+    for folder in sorted({p.parent for r in resolved for p in (r.dir, r.checkpoint_dir)}):
+        check_writable(folder)  # before training, not at its first checkpoint
     with launch.stage_session(*session_settings(resolved)) as ctx:
         return [train_run(params, r, ctx, progress=progress) for r in resolved]
 

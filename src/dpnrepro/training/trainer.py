@@ -140,6 +140,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
             print(f"resuming from {ckpt_dir} at step {start}/{train_cfg.steps}")
     elif meta is not None and ctx.is_main:
         print(f"ignoring checkpoint in {ckpt_dir}: it belongs to another configuration")
+    saved = start  # the step of this configuration's last checkpoint in ckpt_dir (0: none)
 
     # With mixup / CutMix each rank also loads the `halo` examples before its slice (their partners), so
     # that mixing partners (and so the result) are those of one process with the whole batch
@@ -202,10 +203,10 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
         if log_now or ckpt_now:  # the only host syncs of the loop
             loss_value = distributed.mean_over_ranks(ctx, loss_sum / accum if accum > 1 else loss_sum).item()
             if not math.isfinite(loss_value):
-                raise TrainingDiverged(
-                    f"loss is {loss_value} at step {step}; last good checkpoint kept in {ckpt_dir}. "
-                    "Lower train.lr or enable train.grad_clip"
-                )
+                kept = (f"last good checkpoint (step {saved}) kept in {ckpt_dir}" if saved else
+                        f"no checkpoint of this run was written before it (runtime.ckpt_every: {runtime.ckpt_every})")
+                raise TrainingDiverged(f"loss is {loss_value} at step {step}; {kept}. "
+                                       "Lower train.lr or enable train.grad_clip")
         if log_now:
             gnorm_value = float(distributed.local_tensor(gnorm))
             if ctx.is_main:
@@ -217,6 +218,7 @@ def _train(spec, train_ds, input_cfg, train_cfg, runtime, *, seed, ckpt_dir, liv
             if ctx.is_main:
                 save_checkpoint(ckpt_dir, model=model_obj, optimizer=optim_obj, scheduler=scheduler, step=step,
                                 fingerprint=fp, extra={"curves": curves.history})
+            saved = step
             distributed.barrier(ctx)
             if step == kill_at and ctx.is_main:
                 os.kill(os.getpid(), signal.SIGKILL)
