@@ -1,4 +1,4 @@
-"""Resume states survive a load that maps tensors to another device, and hold the CUDA generators (issue 51).
+"""Resume states survive a load that maps tensors to another device, and hold the CUDA generators.
 
 mmengine's loader maps a checkpoint to the training device: a generator state kept as a CPU tensor came
 back as a CUDA tensor, and ``torch.set_rng_state`` refused it. Every resume state (training and LiT:
