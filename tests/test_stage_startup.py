@@ -81,7 +81,7 @@ main()
 
 @pytest.mark.parametrize("top", ["import torch", ""], ids=["torch-at-the-top", "torch-inside-main"])
 def test_a_stage_that_loads_torch_late_still_runs_it_pinned(top, tmp_path):
-    """The stage decorator no longer loads torch to pin it: the pin applies the moment torch loads."""
+    """The stage decorator does not load torch to pin it: the pin applies the moment torch loads."""
     script = tmp_path / "late_torch.py"
     script.write_text(LAZY_STAGE.format(top=top))
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
