@@ -624,24 +624,6 @@ def test_stem_input_checks_survive_scripting_and_tracing():
         torch.jit.script(model)(_images(size=36))
 
 
-def test_import_dpnrepro_alone_registers_the_family():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ('import sys, timm, dpnrepro\n'
-            'assert "vit_base_patch16_dpn" in timm.list_models("vit_*_dpn")\n'
-            'm = timm.create_model("vit_mu_patch4_linear", img_size=8, num_classes=3)\n'
-            'print(type(m).__module__)')
-    src = str(Path(__file__).resolve().parents[1] / 'src')
-    from helpers import clean_env
-
-    env = clean_env(PYTHONPATH=src, OMP_NUM_THREADS='1')
-    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == 'dpnrepro.models.vision_transformer_dpn'
-
-
 def test_build_vit_is_timm_create_model():
     m = build_vit('Mu/7', stem='post', img_size=28, num_classes=10, in_chans=1)
     assert m.pretrained_cfg['architecture'] == 'vit_mu_patch4_dpn' and m.patch_embed.patch_size == (7, 7)

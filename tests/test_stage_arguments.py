@@ -22,12 +22,13 @@ from helpers import REPO, clean_env
 STAGES = sorted((REPO / "stages").glob("*.py"))
 CALLS = {"unknown": ["--bogus-flag", "7"]}  # forked (RUNNER); --help runs as a real process
 
-# One process started with a clean environment imports what every stage imports first (dpnrepro.cli: the
-# package pins, then torch loads) and forks a child per stage and call, which runs the script as
-# `python <script> <args>` would, in its own empty folder: the stages' start without 46 imports of torch.
+# One process started with a clean environment imports what the stages import (dpnrepro.cli: the package
+# pins; then torch and timm, which the training stages load) and forks a child per stage and call, which runs
+# the script as `python <script> <args>` would, in its own empty folder: the stages' start without 46 imports
+# of torch. (The report stages load no torch of their own: tests/test_stage_startup.py.)
 RUNNER = """
 import json, os, runpy, sys, traceback
-import dpnrepro.cli
+import dpnrepro.cli, dpnrepro.models
 results = {}
 for key, (script, args, cwd) in json.loads(sys.argv[1]).items():
     out, err = os.path.join(cwd, "..", "stdout"), os.path.join(cwd, "..", "stderr")

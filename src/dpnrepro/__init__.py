@@ -9,4 +9,5 @@ _cpu_determinism.pin_instruction_sets()
 
 __version__ = "0.1.0"
 
-from dpnrepro import models  # noqa: E402,F401  (registers the vit_*_{dpn,linear,conv} family with timm)
+# Nothing else is imported here: a stage that turns JSON into Markdown loads neither torch nor timm. The
+# ViT family registers with timm when `dpnrepro.models` is imported, as timm's own families do.

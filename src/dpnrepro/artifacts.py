@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dpnrepro.errors import CheckpointError
+
+if TYPE_CHECKING:  # annotations only: reading a run's JSON files does not load torch
+    import torch
 
 MODEL_FILE = "model.safetensors"
 SPEC_FILE = "model_spec.json"

@@ -27,7 +27,7 @@ def offline_defaults() -> None:
 
 def stage(main):
     """Decorator for stage entry points: offline, refused unless the CPU pins are in force, fixed CPU threads
-    (determinism.cpu); a :class:`UserError` or a fault of the machine the user can fix (full disk, file-size
+    from the moment torch loads (determinism.cpu; a stage that never uses torch never loads it); a :class:`UserError` or a fault of the machine the user can fix (full disk, file-size
     limit, read-only or unwritable output folder: :func:`fault_message`) becomes ``error: <one line>`` and exit 2, followed under ``dvc repro`` by
     how to restore the outputs DVC removed before running the stage (:func:`restore_hint`); in a worker of a
     multi-process job, a collective broken by another process's death becomes one line and exit 1
@@ -51,7 +51,7 @@ def _entry_point(main, *, pin_threads: bool):
         try:
             cpu.require_pins()
             if pin_threads:
-                cpu.pin_threads()
+                cpu.pin_threads_when_loaded()  # torch's threads, when (if ever) this stage loads torch
             return main(*args, **kwargs)
         except UserError as exc:
             _fail(str(exc))

@@ -34,7 +34,7 @@ DEFAULT_OPTIM = SimpleNamespace(optimizer="adam", lr=1e-3, weight_decay=1e-4, gr
 
 def norm_arch(arch: str) -> tuple[str, str]:
     """``"B/16"`` or ``"B-16"`` -> ``("B-16", "B/16")`` (params key, model-registry name); UserError if unknown."""
-    from dpnrepro.models import parse_arch
+    from dpnrepro.model_spec import parse_arch
 
     key = arch.strip().replace("/", "-")
     name = key.replace("-", "/")
@@ -66,7 +66,7 @@ def build_timm(arch_name: str, img_size: int, num_classes: int) -> tuple[torch.n
     import timm
     from timm.models.vision_transformer import VisionTransformer
 
-    from dpnrepro.models import parse_arch
+    from dpnrepro.model_spec import parse_arch
 
     name = timm_reference_name(arch_name, img_size)
     if name is not None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from dpnrepro.models import ArchSpec, parse_arch
+from dpnrepro.model_spec import ArchSpec, parse_arch
 
 __all__ = [
     "PEAK_BF16_TFLOPS",

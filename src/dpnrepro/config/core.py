@@ -134,7 +134,7 @@ class ModelParams(_Section):
     @field_validator("placement")
     @classmethod
     def _known_placement(cls, placement):
-        from dpnrepro.models import PLACEMENTS
+        from dpnrepro.model_spec import PLACEMENTS
 
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
@@ -205,7 +205,7 @@ def arch_name(arch: str) -> str:
 def check_patch_grid(arch: str, image_size: int) -> None:
     """A ViT cuts its input into whole patches: ``input.image_size`` must be a multiple of the patch size
     (ValueError naming the key otherwise)."""
-    from dpnrepro.models import parse_arch
+    from dpnrepro.model_spec import parse_arch
 
     patch = parse_arch(arch_name(arch))[1]
     if image_size % patch:
@@ -216,7 +216,7 @@ def check_patch_grid(arch: str, image_size: int) -> None:
 def parse_arch_checked(arch: str, why: str = "") -> str:
     """``arch`` when it names a registered size, spelt DVC-safe ('B-16'); else ValueError (with ``why``
     '/' is refused, when given)."""
-    from dpnrepro.models import parse_arch
+    from dpnrepro.model_spec import parse_arch
 
     if "/" in arch:
         raise ValueError(f"write arch {arch!r} as {arch.replace('/', '-')!r}" + (f" ({why})" if why else ""))

@@ -162,7 +162,7 @@ class _SweepParams(_Section):
     @field_validator("stems")
     @classmethod
     def _known_stems(cls, stems):
-        from dpnrepro.models import STEMS
+        from dpnrepro.model_spec import STEMS
 
         unknown = [s for s in stems if s not in STEMS]
         if unknown:

@@ -21,7 +21,7 @@ def lit_flops_per_example(arch: str, *, width: int, layers: int, context_length:
                           img_size: int = 224, rep_size: int | None = None) -> dict:
     """{'image_forward', 'text_train', 'loss', 'total'} FLOPs of one example of one LiT step."""
     from dpnrepro.benchmarks.flops import TRAIN_FLOPS_MULTIPLIER, vit_forward_flops
-    from dpnrepro.models import parse_arch
+    from dpnrepro.model_spec import parse_arch
 
     spec, _ = parse_arch(arch.replace("-", "/"))
     rep = spec.width if rep_size is None else rep_size  # big_vision pre_logits (rep_size=True) = width

@@ -155,6 +155,44 @@ def pin_threads(default: int = CPU_THREADS) -> int:
     return n
 
 
+def pin_threads_when_loaded(default: int = CPU_THREADS) -> None:
+    """:func:`pin_threads` now when torch is loaded, else the moment its import completes, before any caller
+    can compute with it: a stage that never imports torch (the report stages) does not pay for loading it.
+    A bad ``DPNREPRO_CPU_THREADS`` is refused now either way."""
+    thread_count(default)
+    if "torch" in sys.modules:
+        pin_threads(default)
+    elif not any(isinstance(f, _AfterImport) and f.name == "torch" for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("torch", lambda: pin_threads(default)))
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` finder that calls ``callback`` once, right after module ``name`` has run its top
+    level on its first import: finds the module's spec through the other finders and wraps the loader's
+    ``exec_module`` (the loader instance is the spec's own), then leaves ``sys.meta_path``."""
+
+    def __init__(self, name: str, callback) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def run_then_call(module):
+            run(module)
+            self.callback()
+
+        spec.loader.exec_module = run_then_call
+        return spec
+
+
 def mkl_branch() -> str:
     """MKL's code branch, as MKL reports it: the ``CNR:`` field of a GEMM under ``MKL_VERBOSE`` (printed to
     file descriptor 1, captured here)."""

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from timm.layers import Attention, DropPath, LayerNorm, Mlp
 
-from .spec import PLACEMENTS, check_choice
+from dpnrepro.model_spec import PLACEMENTS, check_choice
 
 __all__ = ['Block', 'subln_init_gain']
 

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .spec import LN_EPS
+from dpnrepro.model_spec import LN_EPS
 
 __all__ = ['DynamicTokenNorm']
 

@@ -11,7 +11,7 @@ from torch.jit import Final
 
 from timm.layers import Format, LayerNorm, PatchEmbed, to_2tuple
 
-from .spec import LN_EPS, STEMS, check_choice
+from dpnrepro.model_spec import LN_EPS, STEMS, check_choice
 
 __all__ = ['Affine', 'PatchEmbedStem', 'conv_to_linear_weight', 'first_ln_scale_image']
 

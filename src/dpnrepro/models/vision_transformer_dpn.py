@@ -23,8 +23,8 @@ Dropout arguments mean what they mean in timm: ``drop_rate`` is the head dropout
 This file holds the model class, its weight init and, at the bottom as in timm, the registered
 entrypoints ``vit_<size>_patch<p>_{dpn,linear,conv}``: models are built with
 ``timm.create_model("vit_base_patch16_dpn", stem=..., placement=...)`` (registered by importing
-:mod:`dpnrepro`); :func:`build_vit` maps ``"B/16"``-style names onto it. The names of sizes, stems and
-placements are in :mod:`dpnrepro.models.spec`.
+:mod:`dpnrepro.models`); :func:`build_vit` maps ``"B/16"``-style names onto it. The names of sizes, stems and
+placements are in :mod:`dpnrepro.model_spec`.
 """
 from collections import OrderedDict
 from functools import partial
@@ -38,10 +38,11 @@ from timm.layers import LayerNorm, lecun_normal_
 from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, named_apply, register_model
 from timm.models.vision_transformer import VisionTransformer, init_weights_vit_jax
 
+from dpnrepro.model_spec import BLOCK_NORMS, PLACEMENTS, POOLS, POSEMBS, STEMS, check_choice, parse_arch
+
 from .block import Block, subln_init_gain
 from .dtn import DynamicTokenNorm
 from .posemb import posemb_sincos_2d
-from .spec import BLOCK_NORMS, PLACEMENTS, POOLS, POSEMBS, STEMS, check_choice, parse_arch
 from .stems import PatchEmbedStem
 
 __all__ = ['VisionTransformerDPN', 'init_weights_vit_dpn', 'build_vit']  # register_model appends the entrypoints

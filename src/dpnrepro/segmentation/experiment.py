@@ -69,7 +69,7 @@ def check_eval_padding(cfg) -> None:
     ``test_cfg.size_divisor``): a window whose side is not a multiple raises in the backbone, and it would
     do so in ``runner.val()``, after the whole training. A one-line :class:`ParamsError` now instead."""
     from dpnrepro.errors import ParamsError
-    from dpnrepro.models import parse_arch
+    from dpnrepro.model_spec import parse_arch
 
     _, patch = parse_arch(cfg.model.backbone.arch)
     divisor = ((cfg.model.data_preprocessor.get("test_cfg") or {}).get("size_divisor")) or 0

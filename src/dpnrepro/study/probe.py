@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dpnrepro.config.core import arch_name
-from dpnrepro.models.spec import LN_EPS, parse_arch  # LN_EPS: the DPN stem's LayerNorm eps
+from dpnrepro.model_spec import LN_EPS, parse_arch  # LN_EPS: the DPN stem's LayerNorm eps
 from dpnrepro.study.config import StudyParams
 
 METRICS_NAME = "study_probe.json"  # under metrics/ (stage study_probe); the report reads it when present

@@ -13,7 +13,7 @@ from pathlib import Path
 from dpnrepro.config.core import arch_name
 from dpnrepro.errors import UserError
 from dpnrepro.io import read_json
-from dpnrepro.models import parse_arch
+from dpnrepro.model_spec import parse_arch
 from dpnrepro.reports import headline
 from dpnrepro.reports.ablations import TABLE6_STEMS
 from dpnrepro.reports.plotting import write_report

@@ -1,6 +1,7 @@
 """Names of the ViT-DPN family: transformer sizes, stems, LayerNorm placements, block norms, pools and
 position embeddings, with the parser of ``"B/16"``-style arch names and the check that raises on an
-unknown choice."""
+unknown choice. Outside :mod:`dpnrepro.models` (which imports torch and timm to register the models), so
+that the params schema and the reports read these names without loading either."""
 import re
 from dataclasses import dataclass
 

@@ -1,0 +1,90 @@
+"""Stages start fast: a stage imports what it uses. The report stages only turn JSON into Markdown and PNG, so
+neither their ``--help`` nor their build loads torch or timm (seconds per process on a 2-core machine);
+``python -X importtime`` of the real process says what it loaded. A stage that does use torch still runs it
+on the pinned threads and convolution path, whether it imports torch at its top or inside ``main``.
+The floor measured before and after: benchmarks/measured/stage_startup.json."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, clean_env, copy_project, stage_env
+
+# script: the arguments of one real build on the committed metrics (None: it needs trained runs, --help only)
+REPORT_STAGES = {
+    "table.py": ["--table", "1"],
+    "transfer_table.py": ["--table", "3"],
+    "table4.py": [],
+    "ablations.py": ["--report", "table6"],
+    "study_report.py": [],
+    "reports_index.py": [],
+    "figures.py": None,  # reads runs/ (gradient-norm logs, weights for Figure 3)
+}
+MODEL_STACK = ("torch", "timm", "torchvision", "mmseg", "mmcv")
+NOT_IN_HELP = ("mmengine", "dvc")  # not even these for --help: reports_index's build reads the mmseg config with mmengine's Config
+
+
+def _loaded(importtime: str) -> set[str]:
+    """The top-level packages a ``python -X importtime`` run imported, from its stderr."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in importtime.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
+def _run(args: list[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-X", "importtime", *args], cwd=cwd, env=stage_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_listed_report_stages_exist():
+    assert {p.name for p in (REPO / "stages").glob("*.py")} >= REPORT_STAGES.keys()
+
+
+@pytest.mark.parametrize("script", sorted(REPORT_STAGES))
+def test_a_report_stage_help_loads_no_model_stack(script, tmp_path):
+    proc = _run([str(REPO / "stages" / script), "--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = _loaded(proc.stderr)
+    assert "dpnrepro" in loaded  # the parse saw the stage's own imports
+    assert not loaded & {*MODEL_STACK, *NOT_IN_HELP}, sorted(loaded & {*MODEL_STACK, *NOT_IN_HELP})
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return copy_project(tmp_path_factory.mktemp("startup"))
+
+
+@pytest.mark.parametrize("script", sorted(s for s, args in REPORT_STAGES.items() if args is not None))
+def test_a_report_build_on_the_committed_metrics_loads_neither_torch_nor_timm(script, project):
+    proc = _run([f"stages/{script}", *REPORT_STAGES[script]], project)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("wrote "), proc.stdout
+    loaded = _loaded(proc.stderr)
+    assert {"dpnrepro", "numpy"} <= loaded
+    assert not loaded & set(MODEL_STACK), sorted(loaded & set(MODEL_STACK))
+
+
+LAZY_STAGE = """
+from dpnrepro.cli import stage
+{top}
+
+@stage
+def main():
+    import torch
+    print(torch.get_num_threads(), torch.backends.mkldnn.enabled)
+
+main()
+"""
+
+
+@pytest.mark.parametrize("top", ["import torch", ""], ids=["torch-at-the-top", "torch-inside-main"])
+def test_a_stage_that_loads_torch_late_still_runs_it_pinned(top, tmp_path):
+    """The stage decorator does not load torch to pin it: the pin applies the moment torch loads."""
+    script = tmp_path / "late_torch.py"
+    script.write_text(LAZY_STAGE.format(top=top))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env=clean_env(DPNREPRO_CPU_THREADS="3"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["3", "False"]
