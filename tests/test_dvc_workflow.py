@@ -325,3 +325,16 @@ def test_the_dvc_internals_dvc_graph_relies_on_behave_as_it_expects(tmp_path):
         repo.reproduce(["raw"], repro_fn=spy, single_item=True)
         repo.reproduce(["raw"], repro_fn=spy, single_item=True)
     assert [(name, ok, result is None) for name, ok, result in calls] == [("raw", True, False), ("raw", True, True)]
+
+
+def test_dvc_log_lines_reach_the_terminal_once():
+    """`python -m dpnrepro.dvc_graph repro` (what `make repro` runs) shows each of DVC's lines once: importing DVC
+    already installs its console handlers, so a second `dvc.logger.setup()` printed every line twice."""
+    import logging
+
+    from dpnrepro.dvc_graph import log_to_terminal
+
+    log_to_terminal()
+    log_to_terminal()
+    kinds = [(type(h).__name__, h.level) for h in logging.getLogger("dvc").handlers]  # one handler per level
+    assert kinds and len(kinds) == len(set(kinds)), kinds

@@ -215,10 +215,14 @@ def status(targets: Sequence[str] = (), root: Path | str = ".") -> dict[str, lis
 
 
 def log_to_terminal() -> None:
-    """DVC's own log (the stages it runs, its progress lines) on the terminal, as the ``dvc`` command shows it."""
+    """DVC's own log (the stages it runs, its progress lines) on the terminal, as the ``dvc`` command shows it.
+    Importing DVC already installs its handlers; a second ``setup()`` would print every line twice."""
+    import logging
+
     from dvc.logger import setup
 
-    setup()
+    if not logging.getLogger("dvc").handlers:
+        setup()
 
 
 def main(argv: list[str] | None = None) -> None:
