@@ -1,6 +1,6 @@
 """DVC stage `transfer_data`: build the offline stand-ins of the transfer tasks (Tables 3 and 7) from
 real images that install here (transfer/smoke_data.py) → data/transfer/<name>/ (``save_to_disk``).
-The smoke profile points its VTAB tasks and Sun397 at them; mini/full list none (real copies)."""
+The smoke and mini profiles point their VTAB tasks and Sun397 at them; full lists none (real copies)."""
 
 from pathlib import Path
 

@@ -57,7 +57,7 @@ STATIC_REPORTS = (
     ("input_pipeline.md", "Input pipeline throughput", "`dvc repro benchmarks/dvc.yaml`"),
     ("benchmarks_gpu.md", "Training throughput, GPU", "measured on a GPU machine, committed with "
                                                        "`benchmarks/measured/gpu_throughput_summary.json`"),
-    ("gpu/README.md", "The smoke pipeline on a GPU", "`benchmarks/measured/gpu_smoke.sh` on a GPU machine, "
+    ("gpu/README.md", "The smoke pipeline on a GPU", "`benchmarks/measured/gpu_check.sh` on a GPU machine, "
                                                      "committed under `reports/gpu/`"),
     ("reliability.md", "What happens when things go wrong", "hand-written"),
 )
@@ -453,8 +453,9 @@ def build_index(entries: list[ReportEntry], root: Path = Path("."), *, throughpu
         "- **Paper vs ours**: the headline block of each table; Δ = DPN − base (Table 6: alternative − DPN; "
         "Figure 1: run − conv with pre-LN); paper Δ from the printed values (mean over a block's rows per arch). "
         f"Verdict (`stats.paired_test`; docs/tables-and-figures.md#statistics): better / worse when the 95 % CI "
-        f"of Δ excludes 0 over at least {MIN_PAIRS} training seeds (few-shot draws averaged within each), else "
-        "not resolved, with the number of training runs where there are fewer; no verdict where a side "
+        f"of Δ excludes 0 over at least {MIN_PAIRS} independent training pairs: training seeds, few-shot draws "
+        "averaged within each (Tables 3, 4, 5: pretrained pairs, fine-tunes averaged within each), else "
+        "not resolved, with the number of training or pretraining runs where there are fewer; no verdict where a side "
         f"of Δ did not learn (less than {LEARNED_MARGIN:g} points of accuracy, Table 5: {SEG_LEARNED_MARGIN:g} "
         "points of mIoU, above its chance rate; `stats.learned`). "
         "*Our Δs* counts every Δ of the report's summary.",
