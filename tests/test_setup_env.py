@@ -16,7 +16,8 @@ from helpers import REPO
 PYTHON = """#!/usr/bin/env bash
 echo "python $*" >> "$FAKE_LOG"
 case "$1 $2 $3" in
-  "-m pip config") echo "global.extra-index-url='file:///mirror/a file:///mirror/b'"; echo ":env:.find-links='/wheels'"; exit 0;;
+  "-m pip config") echo "global.extra-index-url='file:///mirror/a file:///mirror/b'"; echo ":env:.find-links='/wheels'"
+    [ -z "${FAKE_PIP_CERT:-}" ] || echo "global.cert='$FAKE_PIP_CERT'"; exit 0;;
   "-m pip install")
     if [ "$5" = --target ]; then  # the uv bootstrap
       [ -n "${FAKE_UV:-}" ] || exit 1
@@ -43,6 +44,7 @@ exit 0
 UV = """#!/usr/bin/env bash
 [ "$1" = --version ] && { echo "uv 0.13.9"; exit 0; }
 echo "uv $*" >> "$FAKE_LOG"
+echo "uv-env SSL_CERT_FILE=${SSL_CERT_FILE:-}" >> "$FAKE_LOG"
 case "$*" in *"${FAKE_UV_FAILS:-no such step}"*) exit 1;; esac
 exit 0
 """
@@ -62,7 +64,8 @@ def scratch(tmp_path):
         path.write_text(text)
         path.chmod(0o755)
     log = tmp_path / "calls.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPNREPRO_", "FAKE_", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DPNREPRO_", "FAKE_", "VIRTUAL_ENV")) and k != "SSL_CERT_FILE"}
     env.update(VENV=str(venv), FAKE_LOG=str(log), FAKE_UV=str(tmp_path / "uv"),
                DPNREPRO_WHEEL_CACHE=str(tmp_path / "wheels"))
     if not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").is_file() \
@@ -105,6 +108,22 @@ def test_uv_installs_every_step_with_pip_s_sources_and_the_lock(scratch):
     assert (Path(env["VENV"]) / ".dpnrepro-installed").read_text().splitlines()[1] == "uv 0.13.9"
     for step in ("tools (uv)", "torch (uv)", "pins (uv)", "data wheels (uv)", "editable (uv)", "mmcv wait"):
         assert f"[setup] {step}: " in done.stdout, step
+
+
+def test_uv_trusts_the_ca_bundle_pip_is_configured_with(scratch):
+    """Behind a TLS-intercepting proxy pip is given its CA bundle (`cert`); uv, which reads no pip configuration,
+    refused every https index as an unknown issuer and the whole set-up fell back to pip."""
+    root, env, log = scratch
+    done = setup(root, env, FAKE_PIP_CERT="/etc/proxy-ca.crt")
+    assert done.returncode == 0, done.stderr
+    seen = {line for line in log.read_text().splitlines() if line.startswith("uv-env ")}
+    assert seen == {"uv-env SSL_CERT_FILE=/etc/proxy-ca.crt"}, seen
+    assert installs(log)[0] == "uv tools"
+    log.unlink()
+    (Path(env["VENV"]) / ".dpnrepro-installed").unlink()  # install again
+    done = setup(root, env, FAKE_PIP_CERT="/etc/proxy-ca.crt", SSL_CERT_FILE="/etc/own.crt")  # the user's own wins
+    assert {line for line in log.read_text().splitlines() if line.startswith("uv-env ")} == {
+        "uv-env SSL_CERT_FILE=/etc/own.crt"}
 
 
 def test_pip_installs_the_same_steps_where_uv_cannot_be_had(scratch):

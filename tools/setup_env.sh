@@ -5,7 +5,8 @@
 # Installer: uv (pinned in requirements/constraints.txt, bootstrapped with pip into $VENV/.uv), or pip, the
 # fallback taken where uv cannot be had or a uv step fails (DPNREPRO_INSTALLER=pip forces it). Both install
 # the same pins: requirements/*.txt under the one lock, requirements/constraints.txt. uv reads the index and
-# find-links settings of pip's configuration, so both take the same files (a local mirror included).
+# find-links settings of pip's configuration, so both take the same files (a local mirror included), and its CA
+# bundle (`cert`: a TLS-intercepting proxy's, which uv otherwise refuses as an unknown issuer).
 # Each step prints its seconds ("[setup] <step>: N s"); mmcv's build (tools/build_mmcv.sh, only where no
 # cached wheel exists) runs in the background from the moment torch is installed.
 set -euo pipefail
@@ -64,9 +65,10 @@ while read -r key value; do
       index-url) uv_sources+=(--index-url "$v");;
       extra-index-url) uv_sources+=(--extra-index-url "$v");;
       find-links) uv_sources+=(--find-links "$v");;
+      cert) [ -n "${SSL_CERT_FILE:-}" ] || export SSL_CERT_FILE="$v";;  # pip's CA bundle (a TLS proxy's) for uv too
     esac
   done
-done < <("$PY" -m pip config list 2>/dev/null | sed -n -E "s/^[^.]*\.(index-url|extra-index-url|find-links)='(.*)'$/\1 \2/p")
+done < <("$PY" -m pip config list 2>/dev/null | sed -n -E "s/^[^.]*\.(index-url|extra-index-url|find-links|cert)='(.*)'$/\1 \2/p")
 UV=$VENV/.uv/bin/uv
 if [ "$INSTALLER" = uv ] && ! { [ -x "$UV" ] || "$PY" -m pip install --quiet --target "$VENV/.uv" "$(lock_pin uv)"; }; then
   echo "[setup] note: uv could not be installed; pip installs instead"
