@@ -22,14 +22,14 @@ pytestmark = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's data
 def bare_python(venv: Path) -> Path:
     """A venv whose only link to the pinned packages is a plain path line (so no .pth of that folder, the
     project's editable install among them, is processed): `import dpnrepro` fails there."""
-    import dvc
+    import importlib.util
 
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin/python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
                           capture_output=True, text=True).stdout.strip()
-    (Path(site) / "pinned.pth").write_text(f"{Path(dvc.__file__).parents[1]}\n")
+    (Path(site) / "pinned.pth").write_text(f"{Path(importlib.util.find_spec('dvc').origin).parents[1]}\n")
     return python
 
 

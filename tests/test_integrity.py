@@ -179,12 +179,23 @@ def test_a_target_left_aside_by_a_kill_is_put_back_when_read(tmp_path):
 
 # --- segmentation: a run's files and their record in one unit; runs saved without a record ------------------
 
-@pytest.fixture()
-def seg_run(tmp_path, monkeypatch):
-    from test_faults import stand_in_sweep_run
+@pytest.fixture(scope="module")
+def seg_canvases(tmp_path_factory) -> Path:
+    """Real smoke canvases (the sweep checks its dataset before it trains), as test_faults makes them."""
+    from dpnrepro.data.segmentation import export_canvases
 
-    (tmp_path / "data").mkdir()
-    return stand_in_sweep_run(monkeypatch, tmp_path, tmp_path / "data", {})
+    if not FMNIST.exists():
+        pytest.skip("needs Debian's dataset-fashion-mnist")
+    root = tmp_path_factory.mktemp("seg") / "canvases"
+    export_canvases(FMNIST, root, train_images=16, val_images=3, size=84, items=(2, 4), seed=0)
+    return root
+
+
+@pytest.fixture()
+def seg_run(seg_canvases, tmp_path, monkeypatch):
+    from test_faults import SEG_OPTIONS, stand_in_sweep_run
+
+    return stand_in_sweep_run(monkeypatch, tmp_path, seg_canvases, SEG_OPTIONS)
 
 
 @pytest.mark.parametrize("kill_at", [1, 2, 3, 4])
