@@ -123,11 +123,11 @@ def upstream_stages(names: Sequence[str], root: Path | str = ".") -> list[str]:
 def unwritable_output(stage, root_dir: str) -> str | None:
     """The first output folder of ``stage`` that DVC could not empty before running it (the folder holding an
     output, or a folder output itself, read-only or without write permission), as the one-line fault
-    (cli.fault_message) naming it; None when every one is writable. DVC deletes outputs one by one, so a
+    (errors.fault_message) naming it; None when every one is writable. DVC deletes outputs one by one, so a
     stage with one unwritable output would lose the others and then fail with no word on how."""
     import errno
 
-    from dpnrepro.cli import fault_message
+    from dpnrepro.errors import fault_message
 
     for out in stage.outs:
         if out.persist:
@@ -186,7 +186,7 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
         raise UserError(f"dvc repro {' '.join(targets)}: {exc}{cause}{_removed_hint(ran)}".replace("\n", " ")) \
             from None
     except (OSError, sqlite3.Error) as exc:  # DVC's own writes (its state database, a removal) failed
-        from dpnrepro.cli import fault_message
+        from dpnrepro.errors import fault_message
 
         what = fault_message(exc) or f"DVC's {type(exc).__name__}: {exc} (a full disk or a file-size limit?)"
         raise UserError(f"dvc repro {' '.join(targets)}: {what}{_removed_hint(ran)}".replace("\n", " ")) from None
@@ -195,8 +195,6 @@ def reproduce(targets: Sequence[str] = (), root: Path | str = ".", record: Path 
 
 def _removed_hint(ran: dict) -> str:
     """How to get back the outputs DVC removed before the stage that was running when it failed."""
-    from dpnrepro.restore import stage_restore_commands
-
     running = [name for name, seconds in ran.items() if seconds is None]
     ways = stage_restore_commands(running[-1]) if running else []
     return f" (dvc removed {running[-1]}'s previous outputs first; {' and '.join(ways)} restores them)" if ways else ""
@@ -223,6 +221,18 @@ def log_to_terminal() -> None:
 
     if not logging.getLogger("dvc").handlers:
         setup()
+
+
+def stage_restore_commands(stage: str, root: str | os.PathLike | None = None) -> list[str]:
+    """The commands that put back every output DVC removes before running ``stage`` (persist ones aside):
+    ``dvc checkout --force`` of the cached ones, ``git checkout --`` of the git-tracked ones."""
+    try:
+        outs = [o for o in stage_outputs(stage, Path(root or os.environ.get("DVC_ROOT") or ".")) if not o.persist]
+    except Exception:  # noqa: BLE001 - advice adds to an error being reported, never replaces it
+        outs = []
+    cached, tracked = [o.path for o in outs if o.cache], [o.path for o in outs if not o.cache]
+    return ([f"`dvc checkout --force {' '.join(cached)}`"] if cached else []) + \
+        ([f"`git checkout -- {' '.join(tracked)}`"] if tracked else [])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -109,7 +109,7 @@ def remove_stale_temporaries(path: Path) -> None:
 def check_writable(folder: str | os.PathLike) -> None:
     """Create ``folder`` (and its parents) and make sure a file can be created in it, as the atomic writers
     will: a read-only or unwritable output folder fails now, before the work, with the OSError marked with
-    ``folder`` (cli.fault_message names it)."""
+    ``folder`` (errors.fault_message names it)."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

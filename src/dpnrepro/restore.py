@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dpnrepro.dvc_graph import stage_restore_commands  # noqa: F401 - lives beside the outputs it reads
+
 
 def _outputs(stage: str, root: Path):
     from dpnrepro import dvc_graph
@@ -43,12 +45,3 @@ def restore_command(path: str | os.PathLike, stage: str, root: str | os.PathLike
 def restore_fix(path: str | os.PathLike, stage: str, root: str | os.PathLike | None = None) -> str:
     """``rerun `dvc repro <stage>` or restore it with <command>``: the end of an error about a damaged file."""
     return f"rerun `dvc repro {stage}` or restore it with {restore_command(path, stage, root)}"
-
-
-def stage_restore_commands(stage: str, root: str | os.PathLike | None = None) -> list[str]:
-    """The commands that put back every output DVC removes before running ``stage`` (persist ones aside):
-    ``dvc checkout --force`` of the cached ones, ``git checkout --`` of the git-tracked ones."""
-    outs = _outputs(stage, Path(root or os.environ.get("DVC_ROOT") or ".")) or []
-    cached, tracked = [o.path for o in outs if o.cache], [o.path for o in outs if not o.cache]
-    return ([f"`dvc checkout --force {' '.join(cached)}`"] if cached else []) + \
-        ([f"`git checkout -- {' '.join(tracked)}`"] if tracked else [])

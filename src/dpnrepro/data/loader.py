@@ -86,7 +86,7 @@ def damaged_data(exc: BaseException) -> bool:
     """True when reading prepared data failed because the data are incomplete or damaged (a file missing or
     misplaced, truncated or malformed contents: pyarrow and datasets raise many types for these), not
     because of the machine (an OSError with another errno: permission, disk, I/O; MemoryError)."""
-    from dpnrepro.cli import fault_errno
+    from dpnrepro.errors import fault_errno
 
     if isinstance(exc, MemoryError) or fault_errno(exc) is not None:
         return False
@@ -107,7 +107,7 @@ def load_split(prepared_dir: str | Path, split: str):
         ds = datasets.load_from_disk(str(path))
     except Exception as exc:
         if not damaged_data(exc):
-            raise  # a fault of the machine (permission, disk, memory): the stage names it (cli.fault_message)
+            raise  # a fault of the machine (permission, disk, memory): the stage names it (errors.fault_message)
         from dpnrepro.restore import restore_fix
 
         raise DatasetError(f"prepared split {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
