@@ -54,7 +54,7 @@ exit 0
 def scratch(tmp_path):
     """A copy of the set-up files, a stand-in venv and the stand-in uv; returns (root, env, log)."""
     root = tmp_path / "repo"
-    for rel in ("tools/setup_env.sh", "tools/build_mmcv.sh", "pyproject.toml"):
+    for rel in ("tools/setup_env.sh", "tools/build_mmcv.sh", "tools/mmcv_unity.py", "pyproject.toml"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, root / rel)
     shutil.copytree(REPO / "requirements", root / "requirements")
@@ -206,6 +206,9 @@ def test_mmcv_builds_with_python_s_flags_less_debug_information_into_the_cache(s
     assert build.returncode == 0, build
     flags = [line for line in log.read_text().splitlines() if line.startswith("CFLAGS=")]
     assert flags == ["CFLAGS=-Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall -g0"], flags  # -O3 kept, -g0 last
+    calls = log.read_text().splitlines()
+    unity = [i for i, line in enumerate(calls) if line.startswith(f"python {root}/tools/mmcv_unity.py ")]
+    assert unity and unity[0] < calls.index(flags[0]), calls  # the wrappers are grouped before the compile
     cached = sorted(p.name for p in (Path(env["DPNREPRO_WHEEL_CACHE"]) / "mmcv-2.1.0-torch2.14.1").iterdir())
     assert cached == ["mmcv-2.1.0-cp311-cp311-linux_x86_64.whl"], cached  # no partial copy left
     assert "python -m pip install" not in log.read_text()  # --wheel-only installs nothing
