@@ -147,7 +147,7 @@ def tiny_table6_project(root: Path) -> Path:
     params["export_imagefolder"] = None  # tiny_params reads the idx files directly
     params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
     write_params(root, params)
-    run([sys.executable, "-m", "dpnrepro.pipeline"], root)
+    run([sys.executable, "-m", "dpnrepro.pipeline"], root, env={**stage_env(), "PYTHONPATH": str(root / "src")})
     git_init(root)
     return root
 

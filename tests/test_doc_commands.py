@@ -386,7 +386,7 @@ def test_long_commands_name_scripts_phases_and_flags_that_exist():
 
 
 def test_cheap_commands_run_for_real_in_a_scratch_copy(scratch):
-    env = stage_env()
+    env = {**stage_env(), "PYTHONPATH": str(scratch / "src")}  # the copy's code, as a user of that checkout runs
     failed = []
     for cmd in sorted({cmd for _, cmd in documented() if cmd in CHEAP}):
         words = shlex.split(cmd)

@@ -151,7 +151,9 @@ def step_copies() -> None:
                  f"lit.train.device={DEVICE}"], [sys.executable, "-m", "dpnrepro.pipeline"],
                 ["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=gpu", "-c", "user.email=gpu@localhost", "commit", "-qm", "gpu check"]):
-        if sh(cmd, cwd=d, log=RES / "copies.log") != 0:
+        # the copy's own src first: the generator reads and writes the checkout it is imported from
+        env = {**ENV, "PYTHONPATH": os.pathsep.join([str(d / "src"), *filter(None, [ENV.get("PYTHONPATH")])])}
+        if sh(cmd, cwd=d, log=RES / "copies.log", env=env) != 0:
             raise SystemExit(f"error: copy0: {' '.join(cmd[:3])} failed (res/copies.log)")
     for c in range(1, COPIES):
         shutil.rmtree(WORK / f"copy{c}", ignore_errors=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -343,11 +344,25 @@ def render_all() -> dict:
             STUDY_DVC_YAML: STUDY_HEADER + dump(study, plots=image_plots(study, prefix="../"))}
 
 
+def enclosing_project(start: Path) -> Path | None:
+    """The dpnrepro checkout that holds ``start`` (a folder with pyproject.toml and src/dpnrepro/), or None."""
+    for folder in (start, *start.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "src" / "dpnrepro" / "__init__.py").is_file():
+            return folder
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 if dvc.yaml is not what the generator writes")
     args = ap.parse_args(argv)
     from dpnrepro.errors import UserError
+
+    here = enclosing_project(Path.cwd().resolve())
+    if here is not None and here != ROOT:  # it would read and write the imported checkout, not this one
+        print(f"error: {here} is another checkout than the dpnrepro imported ({ROOT}): run it with "
+              f"PYTHONPATH={here}/src", file=sys.stderr)
+        return 2
 
     try:
         files = render_all()
