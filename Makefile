@@ -23,7 +23,7 @@ env:
 	bash tools/setup_env.sh
 
 repro: env
-	$(BIN)/python -m dpnrepro.dvc_graph repro
+	$(BIN)/python -m dpnrepro.quick_repro
 
 test: env
 	$(PYTEST)
