@@ -197,3 +197,28 @@ def smoke_repro(tmp_path_factory):
     t0 = time.perf_counter()
     proc = run(["dvc", "repro"], root, no_thread_pin=True)
     return root, proc, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="session")
+def table6_reproduced(tmp_path_factory):
+    """A tiny Table 6 project (helpers.tiny_table6_project) after `dvc repro table6`, its outputs not committed:
+    made once per test run, the test workers sharing it through a file lock (test_pr_report and test_dvc_pack
+    run on either). Read-only: a test copies it (`shutil.copytree(..., symlinks=True)`)."""
+    from filelock import FileLock
+
+    from helpers import FMNIST, run, tiny_table6_project
+
+    if not FMNIST.exists():
+        pytest.skip("needs Debian's dataset-fashion-mnist (make env)")
+    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every xdist worker of this run
+    root, done = shared / "table6_reproduced", shared / "table6_reproduced.done"
+    with FileLock(str(shared / "table6_reproduced.lock")):
+        if not done.exists():
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            tiny_table6_project(root)
+            run(["dvc", "repro", "table6"], root)
+            done.touch()
+    return root

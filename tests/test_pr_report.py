@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, dvc_repro, run, tiny_table6_project, write_params
+from helpers import REPO, dvc_repro, run, write_params
 
 sys.path.insert(0, str(REPO / "tools"))
 import pr_report  # noqa: E402
@@ -39,11 +39,11 @@ def _table6_headline(root: Path, rev: str | None = None) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def table6_project(tmp_path_factory):
+def table6_project(table6_reproduced, tmp_path_factory):
     """A scratch clone whose last commit holds Table 6's smoke outputs (tiny params: Mu/7, DPN and pre-LN,
     one seed, 4 steps)."""
-    root = tiny_table6_project(tmp_path_factory.mktemp("pr_report"))
-    run(["dvc", "repro", "table6"], root)
+    root = tmp_path_factory.mktemp("pr_report") / "base"
+    shutil.copytree(table6_reproduced, root, symlinks=True)
     _commit(root, "base: Table 6's outputs")
     return root
 
