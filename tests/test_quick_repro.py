@@ -98,3 +98,16 @@ def test_folders_are_walked_and_what_dvcignore_ignores_is_skipped(tmp_path):
     assert quick_repro.fingerprint(root) == before  # DVC ignores it too
     _edit(root / "folder" / "x.txt", "z")
     assert quick_repro.fingerprint(root) != before
+
+
+def test_outside_the_project_root_it_leaves_no_stamp(tmp_path):
+    """From a folder with its own dvc.yaml (as study/ has), DVC decides and no .dvc/ appears there."""
+    root = _project(tmp_path / "p")
+    sub = root / "sub"
+    sub.mkdir()
+    (sub / "in.txt").write_text("s")
+    (sub / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"copy": {
+        "cmd": "python -c \"import shutil; shutil.copy('in.txt', 'out.txt')\"", "deps": ["in.txt"], "outs": ["out.txt"]}}}))
+    for _ in range(3):
+        assert quick_repro.UP_TO_DATE not in _repro(sub)
+    assert (sub / "out.txt").read_text() == "s" and not (sub / ".dvc").exists()

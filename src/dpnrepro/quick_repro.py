@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-s", "--single-item", action="store_true", help="as `dvc repro -s`")
     args = ap.parse_args(argv)
     argv = [*args.targets, *(["-f"] if args.force else []), *(["-s"] if args.single_item else [])]
-    before = None if argv else fingerprint()
+    # only at the project's root (its .dvc/ beside dvc.yaml), where the stamp lives
+    before = fingerprint() if not argv and STAMP.parent.parent.is_dir() else None
     if before is not None and STAMP.is_file():
         try:
             recorded = json.loads(STAMP.read_text()).get("fingerprint")
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         if recorded == before:
             print(UP_TO_DATE)
             return
-    STAMP.unlink(missing_ok=True)
+    _forget()
     from dpnrepro import dvc_graph
 
     with tempfile.TemporaryDirectory(prefix="dpnrepro-repro-") as tmp:
@@ -120,8 +121,18 @@ def main(argv: list[str] | None = None) -> None:
         dvc_graph.main(["repro", "--times", str(times), *argv])  # exits non-zero on a failure
         ran = json.loads(times.read_text()) if times.is_file() else None
     if before is not None and ran == {} and fingerprint() == before:
-        STAMP.parent.mkdir(parents=True, exist_ok=True)
-        STAMP.write_text(json.dumps({"fingerprint": before}) + "\n")
+        try:  # a shortcut, never a failure: an unwritable .dvc/tmp only means DVC decides next time too
+            STAMP.parent.mkdir(exist_ok=True)
+            STAMP.write_text(json.dumps({"fingerprint": before}) + "\n")
+        except OSError:
+            _forget()
+
+
+def _forget() -> None:
+    try:
+        STAMP.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
