@@ -116,6 +116,12 @@ def stage_env(no_thread_pin: bool = False) -> dict:
     return env
 
 
+def checkout_env(project: Path) -> dict:
+    """:func:`stage_env` with ``project``'s own src/ imported first: what a user of that checkout runs (the
+    generator refuses to write a checkout other than the one it is imported from)."""
+    return {**stage_env(), "PYTHONPATH": str(project / "src")}
+
+
 def run(cmd: list[str], cwd: Path, check: bool = True, no_thread_pin: bool = False, env: dict | None = None,
         **kw) -> subprocess.CompletedProcess:
     """Run ``cmd`` in ``cwd`` under ``env`` (default :func:`stage_env`); ``check``: fail with its output."""
@@ -147,7 +153,7 @@ def tiny_table6_project(root: Path) -> Path:
     params["export_imagefolder"] = None  # tiny_params reads the idx files directly
     params["table6"].update(archs=["Mu-7"], stems=["dpn", "pre"], seeds=[0], recipe={})
     write_params(root, params)
-    run([sys.executable, "-m", "dpnrepro.pipeline"], root, env={**stage_env(), "PYTHONPATH": str(root / "src")})
+    run([sys.executable, "-m", "dpnrepro.pipeline"], root, env=checkout_env(root))
     git_init(root)
     return root
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, copy_project, dvc_files, dvc_outputs, git_init, make_targets, run, stage_env
+from helpers import REPO, checkout_env, copy_project, dvc_files, dvc_outputs, git_init, make_targets, run
 from mktestdocs import grab_code_blocks
 
 DOC_FILES = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
@@ -386,7 +386,7 @@ def test_long_commands_name_scripts_phases_and_flags_that_exist():
 
 
 def test_cheap_commands_run_for_real_in_a_scratch_copy(scratch):
-    env = {**stage_env(), "PYTHONPATH": str(scratch / "src")}  # the copy's code, as a user of that checkout runs
+    env = checkout_env(scratch)
     failed = []
     for cmd in sorted({cmd for _, cmd in documented() if cmd in CHEAP}):
         words = shlex.split(cmd)

@@ -271,7 +271,7 @@ def test_the_generator_writes_the_project_it_runs_in_or_refuses(tmp_path):
     """Run inside another checkout (a test's scratch copy), `python -m dpnrepro.pipeline` once rewrote the
     imported checkout's dvc.yaml from its params.yaml and left the copy's stale. It now refuses in one line
     (exit 2, nothing written) unless that checkout's src/ is the one imported."""
-    from helpers import copy_project, run, stage_env, tiny_params, write_params
+    from helpers import checkout_env, copy_project, run, tiny_params, write_params
 
     root = copy_project(tmp_path / "proj")
     params = tiny_params()
@@ -284,6 +284,6 @@ def test_the_generator_writes_the_project_it_runs_in_or_refuses(tmp_path):
     assert refused.returncode == 2 and refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1
     assert f"PYTHONPATH={root.resolve()}/src" in refused.stderr
     assert {path: path.read_bytes() for path in before} == before and ours.read_bytes() == committed
-    run([sys.executable, "-m", "dpnrepro.pipeline"], root, env={**stage_env(), "PYTHONPATH": str(root / "src")})
+    run([sys.executable, "-m", "dpnrepro.pipeline"], root, env=checkout_env(root))
     assert ours.read_bytes() != committed and "runs/table1/Mu-7_dpn_s7/" in ours.read_text()
     assert {path: path.read_bytes() for path in before} == before  # the imported checkout untouched

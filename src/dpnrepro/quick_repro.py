@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 STAMP = Path(".dvc/tmp/dpnrepro-up-to-date.json")
