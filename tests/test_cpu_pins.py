@@ -150,6 +150,23 @@ def test_every_thread_pin_also_routes_the_convolutions(entry):
     assert proc.stdout.strip() == "False"
 
 
+def test_a_stage_pins_torch_loaded_after_a_library_probed_for_it():
+    """Libraries probe for torch (`importlib.util.find_spec("torch")`, as datasets does) before anything imports
+    it. The probe used to consume the stage's pin-on-import hook: torch then loaded with oneDNN convolutions and
+    its default thread count, and the study's metrics were labelled so."""
+    code = ("from dpnrepro.cli import stage\n"
+            "@stage\n"
+            "def main():\n"
+            "    import importlib.util\n"
+            "    assert importlib.util.find_spec('torch') is not None\n"
+            "    import torch\n"
+            "    print(torch.backends.mkldnn.enabled, torch.get_num_threads())\n"
+            "main()\n")
+    proc = _python(code, DPNREPRO_CPU_THREADS="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "1"]
+
+
 def test_a_study_worker_pins_its_convolution_path_before_it_builds_anything():
     """The study's runs go to spawned worker processes, which start with oneDNN on: the worker pins the
     path itself (stopped here at its first use of the job, after the pin)."""

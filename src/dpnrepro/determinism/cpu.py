@@ -169,7 +169,8 @@ def pin_threads_when_loaded(default: int = CPU_THREADS) -> None:
 class _AfterImport:
     """A ``sys.meta_path`` finder that calls ``callback`` once, right after module ``name`` has run its top
     level on its first import: finds the module's spec through the other finders and wraps the loader's
-    ``exec_module`` (the loader instance is the spec's own), then leaves ``sys.meta_path``."""
+    ``exec_module`` (the loader instance is the spec's own); leaves ``sys.meta_path`` when that module runs, not
+    on a lookup that imports nothing."""
 
     def __init__(self, name: str, callback) -> None:
         self.name, self.callback = name, callback
@@ -179,13 +180,19 @@ class _AfterImport:
             return None
         import importlib.util
 
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        at = sys.meta_path.index(self)
+        sys.meta_path.remove(self)  # the lookup below must not come back here
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:  # a probe (`importlib.util.find_spec`, as datasets does) imports nothing: stay for the import
+            sys.meta_path.insert(at, self)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         run = spec.loader.exec_module
 
         def run_then_call(module):
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             run(module)
             self.callback()
 
