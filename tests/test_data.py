@@ -421,6 +421,35 @@ def test_multi_label_split_yields_multi_hot_targets(idx_dataset, tmp_path):
         TransformedSplit(ds, tf)
 
 
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_a_batched_read_gives_the_rows_one_by_one(idx_dataset, tmp_path, multi_label):
+    extra = dict(num_classes=14, multi_label=True, label_parents=PARENTS) if multi_label else {}
+    prepare_dataset(data_cfg(idx_dataset, **extra), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "val")
+    split = TransformedSplit(ds, build_transform({"image_size": 28, "channels": 1, "eval_resize": 24}, train=False),
+                             num_classes=14 if multi_label else None)
+    keys = [5, 0, 3, 3, 7]
+    rows, batch = [split[k] for k in keys], split.__getitems__(keys)
+    assert len(batch) == len(rows) and all(torch.equal(x, bx) for (x, _), (bx, _) in zip(rows, batch))
+    assert all(torch.equal(torch.as_tensor(y), torch.as_tensor(by)) for (_, y), (_, by) in zip(rows, batch))
+    assert torch.equal(split.__getitems__([(3, 77)])[0][0], split[(3, 77)][0])  # training keys: row by row
+
+
+def test_evaluation_reads_each_batch_in_one_call(idx_dataset, tmp_path, monkeypatch):
+    from dpnrepro.data.loader import eval_loader
+
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "val")
+    transform = build_transform({"image_size": 28, "channels": 1, "eval_resize": 24}, train=False)
+    one_by_one = [TransformedSplit(ds, transform)[i][0] for i in range(len(ds))]
+    reads = []
+    read = type(ds).__getitem__
+    monkeypatch.setattr(type(ds), "__getitem__", lambda self, key: reads.append(key) or read(self, key))
+    batches = list(eval_loader(ds, transform, batch_size=4))
+    assert len(reads) == len(batches) == -(-len(ds) // 4)  # one Arrow read per batch, not one per row
+    assert torch.equal(torch.cat([x for x, _ in batches]), torch.stack(one_by_one))
+
+
 def test_prepare_imagefolder_with_label_lists_in_metadata(tmp_path):
     """A user's JFT-style data: images plus metadata.jsonl lines {"file_name", "labels": [ids]}."""
     from PIL import Image

@@ -95,6 +95,7 @@ def test_execution_config_for_one_process_two_processes_and_cuda(canvases, tmp_p
     from dpnrepro.segmentation.execution import execution_config
 
     cpu = _cfg(canvases, tmp_path / "w")
+    recipe = cpu.pretty_text
     assert cpu.optim_wrapper.type == "OptimWrapper" and "dtype" not in cpu.optim_wrapper  # fp32 on CPU
     assert cpu.randomness == dict(seed=3, diff_rank_seed=True, deterministic=False)
     assert cpu.train_dataloader.sampler.seed == 3 and cpu.val_dataloader.sampler.seed == 3  # no sync_random_seed
@@ -106,6 +107,7 @@ def test_execution_config_for_one_process_two_processes_and_cuda(canvases, tmp_p
                                          find_unused_parameters=True, device_ids=None)
     assert two.env_cfg.dist_cfg.backend == "gloo" and two.train_dataloader.batch_size == 2  # global batch 4
     assert cpu.train_dataloader.batch_size == 4 and "launcher" not in cpu  # the recipe is left alone
+    assert cpu.pretty_text == recipe  # nested too (the checkpoint hook's backend, the visualizer's name)
     cuda = _cfg(canvases, tmp_path / "w", device="cuda")
     assert cuda.optim_wrapper.type == "AmpOptimWrapper" and cuda.optim_wrapper.dtype == "bfloat16"
     assert cuda.optim_wrapper.optimizer == cpu.optim_wrapper.optimizer

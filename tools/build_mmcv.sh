@@ -41,6 +41,9 @@ if [ ! -f "${wheels[0]}" ]; then
   # No debug information: CFLAGS replaces Python's compile flags (-DNDEBUG -g -fwrapv -O3 -Wall), so it is
   # them plus -g0: the same -O3 code, without the debug information that costs most of the compile.
   cflags="${CFLAGS:-$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('CFLAGS') or '')")} -g0"
+  # torch's headers parsed once, not once per unit (tools/pch_cxx.sh: a precompiled header, the same code)
+  real_cxx=${CXX:-c++}
+  CXX="$(cd "$(dirname "$0")" && pwd)/pch_cxx.sh" PCH_REAL_CXX="$real_cxx" PCH_DIR="$work/pch" \
   CFLAGS="$cflags" MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=${FORCE_CUDA:-0} \
     "$PY" -m pip wheel --quiet --no-build-isolation --no-deps -w "$work/dist" "$work/mmcv-$MMCV_VERSION"
   built=("$work"/dist/mmcv-*.whl)

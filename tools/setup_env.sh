@@ -51,7 +51,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 stamp="$VENV/.dpnrepro-installed"
-want=$(cat requirements/*.txt tools/build_mmcv.sh tools/mmcv_unity.py pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/*.txt tools/build_mmcv.sh tools/mmcv_unity.py tools/pch_cxx.sh pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$want" ]; then
   echo "[setup] environment up to date ($VENV, installed with $(sed -n 2p "$stamp" | grep . || echo pip))"
   exit 0
