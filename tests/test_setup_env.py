@@ -27,6 +27,7 @@ case "$1 $2 $3" in
   "-m pip download") exit 1;;  # no network: an mmcv build fails
   "-m pip wheel")  # mmcv's build: record its compile flags, leave a wheel in -w DIR
     echo "CFLAGS=$CFLAGS" >> "$FAKE_LOG"
+    echo "CXX=$CXX PCH_REAL_CXX=$PCH_REAL_CXX" >> "$FAKE_LOG"
     while [ $# -gt 0 ]; do [ "$1" = -w ] && { mkdir -p "$2"; touch "$2/mmcv-2.1.0-cp311-cp311-linux_x86_64.whl"; }; shift; done
     exit 0;;
 esac
@@ -54,7 +55,8 @@ exit 0
 def scratch(tmp_path):
     """A copy of the set-up files, a stand-in venv and the stand-in uv; returns (root, env, log)."""
     root = tmp_path / "repo"
-    for rel in ("tools/setup_env.sh", "tools/build_mmcv.sh", "tools/mmcv_unity.py", "pyproject.toml"):
+    for rel in ("tools/setup_env.sh", "tools/build_mmcv.sh", "tools/mmcv_unity.py", "tools/pch_cxx.sh",
+                "pyproject.toml"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, root / rel)
     shutil.copytree(REPO / "requirements", root / "requirements")
@@ -206,6 +208,8 @@ def test_mmcv_builds_with_python_s_flags_less_debug_information_into_the_cache(s
     assert build.returncode == 0, build
     flags = [line for line in log.read_text().splitlines() if line.startswith("CFLAGS=")]
     assert flags == ["CFLAGS=-Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall -g0"], flags  # -O3 kept, -g0 last
+    # the compiler: tools/pch_cxx.sh (torch's headers precompiled once) in front of the one CXX names, else c++
+    assert f"CXX={root}/tools/pch_cxx.sh PCH_REAL_CXX=c++" in log.read_text().splitlines()
     calls = log.read_text().splitlines()
     unity = [i for i, line in enumerate(calls) if line.startswith(f"python {root}/tools/mmcv_unity.py ")]
     assert unity and unity[0] < calls.index(flags[0]), calls  # the wrappers are grouped before the compile

@@ -3,13 +3,14 @@
 # with torch's tensor headers parsed once for the build instead of once per translation unit.
 #
 # Nearly all of mmcv's units start with its `pytorch_cpp_helper.hpp`, i.e. <torch/types.h>, whose parse is
-# most of their compile (nms.cpp: 21 of 21.5 CPU-s). The first C++ compile builds a precompiled header of
+# most of their compile (nms.cpp: 15 of 21.5 CPU-s). The first C++ compile builds a precompiled header of
 # <torch/types.h> ($PCH_DIR/torch_types.hpp.gch) with that compile's own flags, under a lock (ninja runs
-# several compiles at once); every unit then gets `-include $PCH_DIR/torch_types.hpp`, which GCC reads from
-# the .gch (a unit that includes <torch/types.h> again gets nothing more: it is include-guarded). The units'
-# own code and flags are unchanged, and so are their objects (compared byte for byte, docs/pins.md). Left as
-# they are: `pybind.cpp` (it includes <torch/extension.h> first; in another order its object differs),
-# links, CUDA sources, and every unit where the header cannot be built.
+# several compiles at once: those started meanwhile compile as they are); every later unit gets
+# `-include $PCH_DIR/torch_types.hpp`, which GCC reads from the .gch (a unit that includes <torch/types.h>
+# again gets nothing more: it is include-guarded). The units' own code and flags are unchanged, and so are
+# their objects (compared byte for byte, docs/pins.md). Left as they are: `pybind.cpp` (it includes
+# <torch/extension.h> first; in another order its object differs), links, CUDA sources, and every unit
+# where the header cannot be built.
 set -euo pipefail
 cxx=${PCH_REAL_CXX:-c++}
 if [ "$(command -v "$cxx")" = "$(command -v "$0")" ]; then echo "error: PCH_REAL_CXX names $0 itself" >&2; exit 2; fi
@@ -41,7 +42,8 @@ header="$PCH_DIR/torch_types.hpp"
 if [ ! -f "$header.gch" ] && [ ! -f "$header.failed" ]; then
   mkdir -p "$PCH_DIR"
   exec 9>"$PCH_DIR/.lock"
-  flock 9
+  # one compile builds the header; one that finds it being built compiles as is meanwhile, not waiting idle
+  flock -n 9 || exec "$cxx" "$@"
   if [ ! -f "$header.gch" ] && [ ! -f "$header.failed" ]; then
     printf '#ifndef DPNREPRO_TORCH_TYPES_PCH\n#define DPNREPRO_TORCH_TYPES_PCH\n#include <torch/types.h>\n#endif\n' > "$header"
     if "$cxx" "${flags[@]}" -x c++-header "$header" -o "$header.gch.partial" > "$PCH_DIR/build.log" 2>&1; then
