@@ -162,6 +162,34 @@ def test_minival_of_a_class_sorted_image_folder_covers_every_class(tmp_path, hf_
     assert "not class-balanced" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("examples", [{"train_examples": 20, "val_examples": 12}, {}])
+def test_an_idx_source_is_split_as_any_source_encoding_only_the_rows_kept(idx_dataset, monkeypatch, examples):
+    """prepare's idx path gives the datasets split_protocol makes of load_source's splits, row for row and byte
+    for byte, but PNG-encodes only the rows it keeps (Fashion-MNIST's 60,000 train images: ~20 s per section)."""
+    from dpnrepro.data import prepare, sources
+
+    cfg = data_cfg(idx_dataset, **examples)
+    wanted = {"train": "train", "val": "test"}
+    generic = prepare.split_protocol(sources.load_source("idx", str(idx_dataset), wanted), cfg)
+    encoded = []
+    real = sources.idx_as_dataset
+
+    def counting(images, labels, rows=None):
+        ds = real(images, labels, rows)
+        encoded.append(len(ds))
+        return ds
+
+    monkeypatch.setattr(prepare, "idx_as_dataset", counting)
+    kept = prepare.idx_split_protocol(str(idx_dataset), wanted, cfg)
+    assert list(kept) == list(generic) == ["train", "minival", "val"]
+    for name, ds in kept.items():
+        assert ds.features == generic[name].features
+        assert ds.flatten_indices().data.table.equals(generic[name].flatten_indices().data.table), name
+    assert sorted(encoded) == sorted(len(ds) for ds in generic.values())  # nothing encoded but the kept rows
+    if examples:
+        assert sum(encoded) < IDX_TRAIN + IDX_TEST
+
+
 def test_stratified_holdout_apportions_exactly_and_is_seeded():
     labels = np.repeat(np.arange(3), [50, 30, 20])
     kept, held = stratified_holdout(labels, 0.05, seed=0)

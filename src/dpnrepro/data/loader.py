@@ -304,9 +304,15 @@ class TransformedSplit(torch.utils.data.Dataset):
         random.setstate(py_state)
         return x
 
-    def __getitem__(self, key):
+    @staticmethod
+    def _index_and_seed(key) -> tuple[int, int | None]:
+        """A key's row and transform seed: ``(index, seed)`` from the training sampler, a bare index elsewhere."""
         i, seed = key if isinstance(key, tuple) else (key, None)
-        ex = self.ds[int(i)]
+        return int(i), seed
+
+    def __getitem__(self, key):
+        i, seed = self._index_and_seed(key)
+        ex = self.ds[i]
         return self._transformed(ex["image"], seed), self._target(ex)
 
     def __getitems__(self, keys: list) -> list:
@@ -318,8 +324,8 @@ class TransformedSplit(torch.utils.data.Dataset):
 
         if not isinstance(self.ds, datasets.Dataset):
             return [self[k] for k in keys]
-        index, seeds = zip(*(k if isinstance(k, tuple) else (k, None) for k in keys)) if keys else ((), ())
-        rows = self.ds[[int(i) for i in index]]
+        index, seeds = zip(*map(self._index_and_seed, keys)) if keys else ((), ())
+        rows = self.ds[list(index)]
         return [(self._transformed(image, seed), self._target({column: rows[column][j] for column in rows}))
                 for j, (image, seed) in enumerate(zip(rows["image"], seeds))]
 

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dpnrepro.data.pixel_store import STORE_DIR, write_split_store
-from dpnrepro.data.sources import load_source
+from dpnrepro.data.sources import idx_as_dataset, load_idx_checked, load_source
 from dpnrepro.errors import DatasetError
 from dpnrepro.io import atomic_dir, read_json, write_json_atomic
 
@@ -76,21 +76,32 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[
     return kept, held
 
 
-def split_protocol(raw: dict, cfg: dict) -> dict:
-    """train[:99%] / train[99%:] as a stratified random split (:func:`stratified_holdout`), the
-    official held-out split as ``val`` (none when ``eval_split`` is null), then the configured
-    seeded subsampling."""
-    train_full = raw["train"]
+def split_rows(train_labels: np.ndarray, n_val: int | None, cfg: dict) -> dict[str, tuple[str, np.ndarray]]:
+    """``{prepared split: (raw split, its rows)}``: train[:99%] / train[99%:] as a stratified random split
+    (:func:`stratified_holdout`), the official held-out split as ``val`` (none when ``n_val`` is None: no
+    ``eval_split``), then the configured seeded subsampling."""
     seed = cfg["seed"]
-    kept, held = stratified_holdout(primary_labels(train_full), cfg["minival_fraction"], seed)
-    head, minival = train_full.select(kept), train_full.select(held)
-    splits = {
-        "train": head.select(_subsample(len(head), cfg["train_examples"], seed)),
-        "minival": minival.select(_subsample(len(minival), cfg["minival_examples"], seed + 1)),
-    }
-    if "val" in raw:
-        splits["val"] = raw["val"].select(_subsample(len(raw["val"]), cfg["val_examples"], seed + 2))
-    return splits
+    kept, held = stratified_holdout(train_labels, cfg["minival_fraction"], seed)
+    rows = {"train": ("train", kept[_subsample(len(kept), cfg["train_examples"], seed)]),
+            "minival": ("train", held[_subsample(len(held), cfg["minival_examples"], seed + 1)])}
+    if n_val is not None:
+        rows["val"] = ("val", _subsample(n_val, cfg["val_examples"], seed + 2))
+    return rows
+
+
+def split_protocol(raw: dict, cfg: dict) -> dict:
+    """The prepared splits of the raw ``datasets`` splits (:func:`split_rows`)."""
+    rows = split_rows(primary_labels(raw["train"]), len(raw["val"]) if "val" in raw else None, cfg)
+    return {name: raw[src].select(idx) for name, (src, idx) in rows.items()}
+
+
+def idx_split_protocol(source: str, wanted: dict[str, str], cfg: dict) -> dict:
+    """:func:`split_protocol` of an idx source, PNG-encoding only the rows it keeps (the same datasets: a
+    smoke JFT-style split keeps 8,000 of Fashion-MNIST's 60,000 train images, and encoding is most of
+    ``prepare``'s time)."""
+    arrays = {name: load_idx_checked(source, split) for name, split in wanted.items()}
+    rows = split_rows(arrays["train"][1], len(arrays["val"][1]) if "val" in arrays else None, cfg)
+    return {name: idx_as_dataset(*arrays[src], rows=idx) for name, (src, idx) in rows.items()}
 
 
 def warn_if_unbalanced(name: str, counts: list[int], ratio: float = 0.5) -> str | None:
@@ -243,10 +254,12 @@ def prepare_dataset(cfg: dict, out_dir: str | Path, workers: int = 0) -> dict:
     if indexed:  # an index of the files, read from the source at training time (data/source_index.py)
         from dpnrepro.data.source_index import index_image_folder
 
-        raw = index_image_folder(cfg["source"], wanted)
+        selected = split_protocol(index_image_folder(cfg["source"], wanted), cfg)
+    elif cfg["format"] == "idx":
+        selected = idx_split_protocol(cfg["source"], wanted, cfg)
     else:
-        raw = load_source(cfg["format"], cfg["source"], wanted)
-    found = raw["train"].features.get("label")
+        selected = split_protocol(load_source(cfg["format"], cfg["source"], wanted), cfg)
+    found = selected["train"].features.get("label")
     n_found = getattr(found, "num_classes", None)
     parents = cfg.get("label_parents")
     if parents is not None:  # the source's classes are the hierarchy's leaves
@@ -257,7 +270,7 @@ def prepare_dataset(cfg: dict, out_dir: str | Path, workers: int = 0) -> dict:
         n_found = None
     if n_found is not None and n_found < (len(parents) if parents is not None else cfg["num_classes"]):
         raise DatasetError(f"dataset {cfg['source']} has {n_found} classes but data.{key} {says}; fix data.{key}")
-    splits = {name: attach_label_sets(ds, cfg) for name, ds in split_protocol(raw, cfg).items()}
+    splits = {name: attach_label_sets(ds, cfg) for name, ds in selected.items()}
     manifest = {"dataset": cfg["name"], "source": str(cfg["source"]), "format": cfg["format"], "splits": {}}
     if cfg.get("multi_label"):
         manifest["multi_label"] = True
