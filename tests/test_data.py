@@ -478,6 +478,24 @@ def test_evaluation_reads_each_batch_in_one_call(idx_dataset, tmp_path, monkeypa
     assert torch.equal(torch.cat([x for x, _ in batches]), torch.stack(one_by_one))
 
 
+@pytest.mark.parametrize("cfg", [{"image_size": 28, "channels": 1, "eval_resize": 24},
+                                 {"image_size": 20, "channels": 3, "eval_resize": 23},
+                                 {"image_size": 16, "channels": 3, "squash": True}])
+def test_evaluation_batches_are_the_per_image_eval_transform_bit_for_bit(idx_dataset, tmp_path, cfg):
+    # eval_batches scales each batch of uint8 images at once (loader.scaled_collate): the same floats as
+    # build_transform(train=False)'s per-image ToDtype + Normalize, in the same order, targets too
+    from dpnrepro.data.loader import eval_batches
+
+    prepare_dataset(data_cfg(idx_dataset), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "val")
+    per_image = TransformedSplit(ds, build_transform(cfg, train=False))
+    batches = list(eval_batches(ds, cfg, batch_size=7))
+    images = torch.cat([x for x, _ in batches])
+    assert images.dtype == torch.float32 and images.shape[1] == cfg["channels"]
+    assert torch.equal(images, torch.stack([per_image[i][0] for i in range(len(ds))]))
+    assert torch.cat([y for _, y in batches]).tolist() == list(ds["label"])
+
+
 def test_prepare_imagefolder_with_label_lists_in_metadata(tmp_path):
     """A user's JFT-style data: images plus metadata.jsonl lines {"file_name", "labels": [ids]}."""
     from PIL import Image

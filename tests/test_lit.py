@@ -291,6 +291,24 @@ def test_foolbox_imagenet_photos_and_labels_from_file_names():
     assert class_names("imagenet")[243] == "Bullmastiff"  # ImageNet id 243 (n02108422), CLIP's name
 
 
+def test_image_embeddings_of_the_uint8_eval_transform_are_the_float_ones_bit_for_bit():
+    # load_tower hands embed_images a uint8 transform, each batch scaled at once (unit_range): the same
+    # embeddings as the per-image float eval transform; the tower here passes the pixels through
+    from dpnrepro.data.loader import build_transform
+    from dpnrepro.lit.data import foolbox_dir, labelled_images
+    from dpnrepro.lit.train import embed_images
+
+    try:
+        foolbox_dir()
+    except Exception:
+        pytest.skip("foolbox wheel not installed")
+    images = labelled_images("foolbox", "imagenet")[0][:11]
+    cfg = {"image_size": 24, "channels": 3, "eval_resize": 28}
+    emb = [embed_images(torch.nn.Flatten(), images, build_transform(cfg, train=False, uint8=uint8), batch_size=4,
+                        device=torch.device("cpu"), progress=False) for uint8 in (False, True)]
+    assert emb[0].shape == (11, 3 * 24 * 24) and torch.equal(emb[0], emb[1])
+
+
 # ---------------------------------------------------------------------------------------------------
 # report
 

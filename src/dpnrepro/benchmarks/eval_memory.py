@@ -153,10 +153,13 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
 
 
 def measure(image_size: int, scales=(1, 10), *, allocator: str = "trim", repeats: int = 1,
-            root: Path | None = None, profile: str = "params.yaml") -> dict:
+            root: Path | None = None, profile: str = "params.yaml", enough_kb: dict | None = None) -> dict:
     """``{scale: measurement}``: ``repeats`` fresh single-threaded processes per scale, on one shared run;
     ``peak_rss_kb`` is the lowest of their peaks (all in ``peak_rss_kb_runs``): a transient spike in one
     run does not count, a split kept in memory, which every run holds, still does.
+
+    ``enough_kb``: ``{scale: KiB}``, a bound the caller checks the lowest peak against; a scale runs no
+    more processes once one peaked within its bound (a further one cannot change that check's outcome).
 
     ``allocator``: ``trim`` (the code: the heap's free pages released after each batch), ``none`` (glibc's
     dynamic mmap threshold alone, under which RSS creeps with the number of batches although nothing is
@@ -173,7 +176,8 @@ def measure(image_size: int, scales=(1, 10), *, allocator: str = "trim", repeats
                        HF_HUB_OFFLINE="1")
             env.pop("MALLOC_MMAP_THRESHOLD_", None)
             runs = []
-            for _ in range(repeats):
+            bound = (enough_kb or {}).get(scale)
+            while len(runs) < repeats and not (bound is not None and runs and runs[-1]["peak_rss_kb"] <= bound):
                 proc = subprocess.run([sys.executable, "-m", "dpnrepro.benchmarks.eval_memory", "--child",
                                        str(tmp / f"x{scale}"), str(run), str(image_size), profile, allocator],
                                       capture_output=True, text=True, env=env)

@@ -352,11 +352,23 @@ def train_loader(ds, transform, sampler: StepBatchSampler, workers: int = 0, num
     )
 
 
-def eval_loader(ds, transform, batch_size: int, workers: int = 0):
+def scaled_collate(batch):
+    """``default_collate`` of ``(uint8 image, target)`` examples, the images scaled to ``[-1, 1]`` as one batch
+    (:func:`dpnrepro.training.step.unit_range`: the floats each image's own ``ToDtype`` + ``Normalize`` give,
+    at a third less time per batch of the smoke evaluation than scaling image by image)."""
+    from torch.utils.data import default_collate
+
+    from dpnrepro.training.step import unit_range
+
+    images, targets = default_collate(batch)
+    return unit_range(images), targets
+
+
+def eval_loader(ds, transform, batch_size: int, workers: int = 0, collate_fn=None):
     """Sequential, non-dropping DataLoader for evaluation."""
     return torch.utils.data.DataLoader(
         TransformedSplit(ds, transform), batch_size=batch_size, shuffle=False, num_workers=workers,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=torch.cuda.is_available(), collate_fn=collate_fn,
     )
 
 
@@ -384,5 +396,6 @@ def eval_batches(ds, input_cfg: dict, batch_size: int, rank: int = 0, world_size
         ds = ds.select(shard if len(shard) else [])  # more ranks than batches: nothing ('datasets' refuses range(n, n))
     from dpnrepro.allocator import HeapTrimmed  # the heap's free pages go back after each batch
 
-    loader = eval_loader(ds, build_transform(input_cfg, train=False), batch_size, input_cfg.get("workers", 0))
+    loader = eval_loader(ds, build_transform(input_cfg, train=False, uint8=True), batch_size,
+                         input_cfg.get("workers", 0), collate_fn=scaled_collate)
     return HeapTrimmed(loader)

@@ -49,11 +49,12 @@ def lit_run_dir(sweep: str, arch: str, stem: str, tower_seed: int, seed: int, ro
 
 
 def load_tower(path: Path) -> tuple[LockedImageTower, object]:
-    """The locked tower of a pretraining run and its eval preprocessing (its own input config)."""
+    """The locked tower of a pretraining run and its eval preprocessing (its own input config), to uint8:
+    :func:`dpnrepro.lit.train.embed_images` scales each batch."""
     from dpnrepro.data.loader import build_transform
 
     tower = LockedImageTower(load_run_model(path))
-    return tower, build_transform(read_config(path)["input"], train=False)
+    return tower, build_transform(read_config(path)["input"], train=False, uint8=True)
 
 
 def build_lit(tower: LockedImageTower, lit_params, arch: str) -> LiT:

@@ -43,16 +43,19 @@ import torch
 from tqdm.auto import tqdm
 
 from dpnrepro.lit.towers import TEXT_NO_DECAY, LiT, contrastive_loss, l2_normalize
+from dpnrepro.training.step import unit_range
 
 
 @torch.no_grad()
 def embed_images(tower, images, transform, *, batch_size: int, device: torch.device, desc: str = "embed",
                  progress: bool = True) -> torch.Tensor:
-    """(N, D) L2-normalised float32 embeddings of a sequence of PIL images by a locked tower."""
+    """(N, D) L2-normalised float32 embeddings of a sequence of PIL images by a locked tower. ``transform``:
+    one image to a float tensor, or to a uint8 one that is scaled here a batch at a time (:func:`unit_range`,
+    the same floats; :func:`dpnrepro.lit.run.load_tower`'s)."""
     tower.to(device)
     out = []
     for lo in tqdm(range(0, len(images), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
-        x = torch.stack([transform(im) for im in images[lo:lo + batch_size]]).to(device)
+        x = unit_range(torch.stack([transform(im) for im in images[lo:lo + batch_size]]).to(device))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             z = tower(x)
         out.append(l2_normalize(z.float()).cpu())
