@@ -216,3 +216,38 @@ def test_mmcv_builds_with_python_s_flags_less_debug_information_into_the_cache(s
     cached = sorted(p.name for p in (Path(env["DPNREPRO_WHEEL_CACHE"]) / "mmcv-2.1.0-torch2.14.1").iterdir())
     assert cached == ["mmcv-2.1.0-cp311-cp311-linux_x86_64.whl"], cached  # no partial copy left
     assert "python -m pip install" not in log.read_text()  # --wheel-only installs nothing
+
+
+CANDIDATE = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> "$FAKE_LOG"
+case "$1" in
+  --version) echo "Python 3.11.0";;
+  -c) [ "$(basename "$0")" != no-headers ];;  # the check: ensurepip and Python.h
+  -m) mkdir -p "$3/bin" && cp "$STAND_IN" "$3/bin/python";;  # -m venv DIR: the stand-in venv
+esac
+"""
+
+
+def test_a_new_venv_takes_the_first_interpreter_that_can_make_it_and_build_mmcv(scratch, tmp_path):
+    """The distribution's Python (PGO + LTO) is tried first, but only where it can make a venv and compile mmcv;
+    $PYTHON, where set, is taken as it is."""
+    root, env, log = scratch
+    stand_in = tmp_path / "stand-in"
+    shutil.move(Path(env["VENV"]) / "bin/python", stand_in)
+    shutil.rmtree(env["VENV"])
+    pythons = []
+    for name in ("missing", "no-headers", "good", "later"):
+        pythons.append(tmp_path / "bin" / name)
+        if name != "missing":
+            pythons[-1].parent.mkdir(exist_ok=True)
+            pythons[-1].write_text(CANDIDATE)
+            pythons[-1].chmod(0o755)
+    env.update(STAND_IN=str(stand_in), DPNREPRO_PYTHONS=" ".join(map(str, pythons)))
+    done = setup(root, env)
+    assert done.returncode == 0, done.stderr
+    assert f"[setup] creating {env['VENV']} with Python 3.11.0 ({pythons[2]})" in done.stdout, done.stdout
+    made = [line.split()[0] for line in log.read_text().splitlines() if " -m venv " in line]
+    assert made == ["good"], log.read_text()
+    shutil.rmtree(env["VENV"])
+    done = setup(root, env, PYTHON=str(pythons[3]))
+    assert done.returncode == 0 and f"Python 3.11.0 ({pythons[3]})" in done.stdout, done.stdout
