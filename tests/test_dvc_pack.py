@@ -155,3 +155,55 @@ def test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_t
     assert list(json.loads(times.read_text())) == ["table6"]
     for rel in REPORT:
         assert (cpu / rel).read_bytes() == (made / rel).read_bytes(), rel
+
+
+def _tar(path: Path, *members: tuple[str, str | None]) -> Path:
+    """A gzipped tar of (name, text) regular files, or (name, link target) symlinks where the name ends in '@'."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, body in members:
+            info = tarfile.TarInfo(name.rstrip("@"))
+            if name.endswith("@"):
+                info.type, info.linkname = tarfile.SYMTYPE, body
+                tar.addfile(info)
+            else:
+                info.size = len(body.encode())
+                tar.addfile(info, io.BytesIO(body.encode()))
+    return path
+
+
+@pytest.mark.parametrize("data_filter", [True, False], ids=["data filter", "python without it"])
+@pytest.mark.parametrize("bad", ["../escape.txt", "ABSOLUTE", "files/../../escape.txt", "files/link@"])
+def test_no_pack_member_lands_outside_the_pack_and_a_link_is_refused_in_one_line(tmp_path, monkeypatch, data_filter,
+                                                                                  bad):
+    """tarfile's data filter where Python has it (it refuses the rest and strips an absolute name's leading '/');
+    Python 3.10.0-3.10.11 and 3.11.0-3.11.3 (Debian 12's 3.11.2) lack it, and there only files and folders inside
+    the pack are taken."""
+    import importlib.util
+    import tarfile
+
+    from dpnrepro.errors import UserError
+
+    spec = importlib.util.spec_from_file_location("dvc_pack", REPO / "tools/dvc_pack.py")
+    dvc_pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dvc_pack)
+    if not data_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python's tarfile has no data filter")
+    dest = tmp_path / "inner" / "dest"
+    good = [("manifest.json", "{}"), ("files/metrics/a.json", "[1]")]
+    with tarfile.open(_tar(tmp_path / "good.tar.gz", *good)) as tar:
+        dvc_pack._extract(tar, dest)
+    assert {p.relative_to(dest).as_posix(): p.read_text() for p in dest.rglob("*") if p.is_file()} == dict(good)
+    bad = str(tmp_path / "escape.txt") if bad == "ABSOLUTE" else bad
+    with tarfile.open(_tar(tmp_path / "bad.tar.gz", *good, (bad, "/etc/passwd" if bad.endswith("@") else "x"))) as tar:
+        if data_filter and bad.startswith("/"):
+            dvc_pack._extract(tar, tmp_path / "inner" / "other")
+            assert (tmp_path / "inner" / "other" / bad.lstrip("/")).read_text() == "x"
+        else:
+            with pytest.raises(UserError, match="nothing was changed"):
+                dvc_pack._extract(tar, tmp_path / "inner" / "other")
+    assert not (tmp_path / "inner" / "escape.txt").exists() and not (tmp_path / "escape.txt").exists()

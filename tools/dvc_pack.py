@@ -138,6 +138,27 @@ def _local_changes(root: Path) -> list[str]:
     return [name for name in proc.stdout.split("\0") if name]
 
 
+def _extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract ``tar`` into ``dest`` with tarfile's ``data`` filter (PEP 706). Python 3.10.0-3.10.11 and
+    3.11.0-3.11.3 (Debian 12's 3.11.2 among them) lack it: there only folders and regular files whose paths stay
+    inside ``dest`` are taken, written with the umask's modes and no owner, and any other member refuses the
+    pack before anything is extracted."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            tar.extractall(dest, filter="data")
+        except tarfile.FilterError as exc:
+            raise UserError(f"the pack holds a member the data filter refuses ({exc}); nothing was changed") from None
+        return
+    members = tar.getmembers()
+    for member in members:
+        target = os.path.realpath(dest / member.name)
+        if not (member.isfile() or member.isdir()) or os.path.isabs(member.name) \
+                or os.path.commonpath([target, os.path.realpath(dest)]) != os.path.realpath(dest):
+            raise UserError(f"the pack holds {member.name!r}, not a file or folder inside the pack; nothing was changed")
+    for member in members:
+        tar.extract(member, dest, set_attrs=False)
+
+
 def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     """Restore a pack into the DVC project ``root`` (see the module docstring); returns the manifest with
     ``ran`` (the stages ``dvc repro`` ran) and ``compared`` (files checked byte-identical)."""
@@ -146,7 +167,7 @@ def unpack(path: Path, root: Path = Path("."), repro: list[str] = ()) -> dict:
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(_read_pack(path)), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+        _extract(tar, dest)
     manifest = json.loads((dest / MANIFEST).read_text())
     packed, here = manifest.get("git_rev"), _rev(root)
     if not packed:
