@@ -157,7 +157,7 @@ def test_a_clone_of_the_same_revision_pulls_the_packed_outputs_and_regenerates_t
         assert (cpu / rel).read_bytes() == (made / rel).read_bytes(), rel
 
 
-def _tar(path: Path, *members: tuple[str, str | None]) -> Path:
+def _tar(path: Path, *members: tuple[str, str]) -> Path:
     """A gzipped tar of (name, text) regular files, or (name, link target) symlinks where the name ends in '@'."""
     import io
     import tarfile

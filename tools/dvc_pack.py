@@ -149,11 +149,11 @@ def _extract(tar: tarfile.TarFile, dest: Path) -> None:
         except tarfile.FilterError as exc:
             raise UserError(f"the pack holds a member the data filter refuses ({exc}); nothing was changed") from None
         return
-    members = tar.getmembers()
+    members, inside = tar.getmembers(), os.path.realpath(dest)
     for member in members:
         target = os.path.realpath(dest / member.name)
         if not (member.isfile() or member.isdir()) or os.path.isabs(member.name) \
-                or os.path.commonpath([target, os.path.realpath(dest)]) != os.path.realpath(dest):
+                or os.path.commonpath([target, inside]) != inside:
             raise UserError(f"the pack holds {member.name!r}, not a file or folder inside the pack; nothing was changed")
     for member in members:
         tar.extract(member, dest, set_attrs=False)

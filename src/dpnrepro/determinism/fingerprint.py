@@ -266,18 +266,6 @@ def versions() -> dict[str, str]:
             "python": platform.python_version(), "libc": " ".join(platform.libc_ver())}
 
 
-def pin_changes(found: dict[str, str], committed: dict[str, str]) -> list[str]:
-    """The versions that differ from the fingerprint's: every library and the C library exactly, Python by its
-    feature version (3.11): a micro release fixes bugs in the interpreter, none of whose code the hashed ops run,
-    so a distribution's 3.11.2 and pyenv's 3.11.7 compare alike (tests/test_pipeline.py checks every output hash
-    under whichever `make env` chose)."""
-    def key(name: str, version: str) -> str:
-        return ".".join(version.split(".")[:2]) if name == "python" else version
-
-    return sorted(k for k in set(found) | set(committed)
-                  if key(k, found.get(k, "")) != key(k, committed.get(k, "")))
-
-
 def in_fresh_process(code: str, env: dict, *args: str) -> dict:
     """Run ``code`` in a new interpreter with exactly ``env``; the JSON of its last output line."""
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
@@ -285,8 +273,19 @@ def in_fresh_process(code: str, env: dict, *args: str) -> dict:
 
 
 def diff(found: dict[str, str], committed: dict[str, str]) -> list[str]:
-    """The ops whose hashes differ (or are missing on either side)."""
+    """The keys (ops, or versions) whose values differ or are missing on either side."""
     return sorted(k for k in set(found) | set(committed) if found.get(k) != committed.get(k))
+
+
+def pin_changes(found: dict[str, str], committed: dict[str, str]) -> list[str]:
+    """The versions that differ from the fingerprint's: every library and the C library exactly, Python by its
+    feature version (3.11): a micro release fixes bugs in the interpreter, none of whose code the hashed ops run,
+    so a distribution's 3.11.2 and pyenv's 3.11.7 compare alike (tests/test_pipeline.py checks every output hash
+    under whichever `make env` chose)."""
+    def feature(versions: dict[str, str]) -> dict[str, str]:
+        return {**versions, "python": ".".join(versions.get("python", "").split(".")[:2])}
+
+    return diff(feature(found), feature(committed))
 
 
 def report() -> dict:
