@@ -29,17 +29,17 @@ def main() -> None:
         from dpnrepro.errors import ParamsError
 
         raise ParamsError("params.yaml has no segmentation section (Table 5)")
-    from dpnrepro.segmentation.execution import hide_gpus_for_cpu
-    from dpnrepro.training.launch import stage_session
-
-    hide_gpus_for_cpu(seg.device)
     for flag, value, valid in (("--stem", args.stem, seg.stems), ("--fraction", args.fraction, seg.fractions),
                                ("--seed", args.seed, seg.seeds)):
-        if value is not None and value not in valid:
+        if value is not None and value not in valid:  # before torch and mmseg load: a bad flag costs no import
             from dpnrepro.errors import ParamsError
 
             raise ParamsError(f"{flag} {value!r} is not a run of segmentation in params.yaml; "
                               f"choose from {', '.join(map(str, valid))}")
+    from dpnrepro.segmentation.execution import hide_gpus_for_cpu
+    from dpnrepro.training.launch import stage_session
+
+    hide_gpus_for_cpu(seg.device)
     runs = [r for r in itertools.product(seg.stems, seg.fractions, seg.seeds)
             if (args.stem in (None, r[0]) and args.fraction in (None, r[1]) and args.seed in (None, r[2]))]
     single = any(v is not None for v in (args.stem, args.fraction, args.seed))

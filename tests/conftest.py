@@ -14,6 +14,12 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import dpnrepro  # noqa: F401,I001  (first: its CPU pins must be in place before numpy and torch load)
+from dpnrepro.cli import offline_defaults  # noqa: I001
+
+# Offline as every stage is (cli.offline_defaults), before datasets or huggingface_hub load: they read the
+# variables once, at import, so a test that sets them later would reach for the network (no network here:
+# test_data's hub-name test waited ~20 s on it before failing the way it expects).
+offline_defaults()
 import numpy as np
 import pytest
 import torch

@@ -416,6 +416,7 @@ def test_hub_name_offline_is_one_clear_line(monkeypatch, tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and "some-org/some-dataset-that-is-not-cached" in msg
     assert "offline" in msg and "save_to_disk" in msg
+    assert "OfflineModeIsEnabled" in msg, msg  # refused by datasets' offline mode, not after trying the network
 
 
 # --- multi-label (JFT-style) data ---------------------------------------------------------------------

@@ -191,11 +191,15 @@ def test_restore_hint_names_dvc_checkout_for_cached_and_git_checkout_for_tracked
     (["--seed", "3"], "--seed 3 is not a run of segmentation in params.yaml; choose from"),
 ])
 def test_segment_one_run_flags_name_the_valid_values(tmp_path, flags, expect):
-    """A filter that matches no run of the params is refused in one line, not 'trained 0 run(s)'."""
+    """A filter that matches no run of the params is refused in one line, not 'trained 0 run(s)', and before
+    torch and mmseg load (seconds of imports for a typo)."""
     project = copy_project(tmp_path / "p")
-    proc = run([sys.executable, "stages/segment.py", *flags], project, check=False)
-    lines = proc.stderr.strip().splitlines()
+    proc = run([sys.executable, "-X", "importtime", "stages/segment.py", *flags], project, check=False)
+    timing = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("import time:")]
     assert proc.returncode == 2 and len(lines) == 1 and expect in lines[0], proc.stderr
+    loaded = {line.rsplit("|", 1)[1].strip() for line in timing}
+    assert loaded and not loaded & {"torch", "mmseg", "mmengine"}, sorted(loaded & {"torch", "mmseg", "mmengine"})
     assert not (project / "checkpoints").exists() and not (project / "runs").exists()
 
 
