@@ -66,8 +66,9 @@ def test_the_first_unit_builds_the_header_with_its_own_flags_and_every_unit_incl
 @pytest.mark.parametrize("args", [
     ["-v"],  # the compiler checks of setuptools and torch
     _unit("/src/pybind.cpp", "pybind.o"),  # its object differs with <torch/types.h> first
+    _unit("/src/_pybind.cpp", "_pybind.o"),  # the same, renamed to compile first (tools/mmcv_unity.py)
     ["-shared", "a.o", "b.o", "-o", "_ext.so", "-L/torch/lib", "-lc10"],  # the link
-], ids=["version", "pybind", "link"])
+], ids=["version", "pybind", "pybind renamed", "link"])
 def test_other_calls_reach_the_compiler_unchanged(compiler, args):
     env, calls = compiler
     assert _cxx(env, args).returncode == 0

@@ -8,7 +8,7 @@
 # several compiles at once: those started meanwhile compile as they are); every later unit gets
 # `-include $PCH_DIR/torch_types.hpp`, which GCC reads from the .gch (a unit that includes <torch/types.h>
 # again gets nothing more: it is include-guarded). The units' own code and flags are unchanged, and so are
-# their objects (compared byte for byte, docs/pins.md). Left as they are: `pybind.cpp` (it includes
+# their objects (compared byte for byte, docs/pins.md). Left as they are: `pybind.cpp` (renamed `_pybind.cpp` by mmcv_unity.py; it includes
 # <torch/extension.h> first; in another order its object differs), links, CUDA sources, and every unit
 # where the header cannot be built.
 set -euo pipefail
@@ -34,7 +34,7 @@ for arg in "$@"; do  # a compile: `... -c ... <source> ... -o <object> ...` (tor
     *) flags+=("$arg");;
   esac
 done
-if [ -z "$src" ] || [ -z "$out" ] || [ "$(basename "$src")" = pybind.cpp ] || ! command -v flock >/dev/null; then
+if [ -z "$src" ] || [ -z "$out" ] || [[ "$(basename "$src")" == pybind.cpp || "$(basename "$src")" == _pybind.cpp ]] || ! command -v flock >/dev/null; then
   exec "$cxx" "$@"
 fi
 
