@@ -105,6 +105,12 @@ def dvc_outputs() -> frozenset[str]:
     return frozenset(outs)
 
 
+def imported_packages(importtime: str) -> set[str]:
+    """The top-level packages a ``python -X importtime`` run imported, from its stderr."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in importtime.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
 def stage_env(no_thread_pin: bool = False) -> dict:
     """The environment of stage subprocesses: a clean one (:func:`clean_env`), offline. Tests run stages on
     one thread (DPNREPRO_CPU_THREADS=1) to share the cores; ``no_thread_pin`` keeps the project's own pin,

@@ -17,7 +17,7 @@ from dpnrepro.errors import UserError
 from dpnrepro.training import trainer as trainer_mod
 from dpnrepro.artifacts import ModelSpec
 from dpnrepro.training.trainer import TrainingDiverged, train_classifier
-from helpers import FMNIST, copy_project, run, tiny_params, write_params
+from helpers import FMNIST, copy_project, imported_packages, run, tiny_params, write_params
 
 
 def _spec():
@@ -195,10 +195,9 @@ def test_segment_one_run_flags_name_the_valid_values(tmp_path, flags, expect):
     torch and mmseg load (seconds of imports for a typo)."""
     project = copy_project(tmp_path / "p")
     proc = run([sys.executable, "-X", "importtime", "stages/segment.py", *flags], project, check=False)
-    timing = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("import time:")]
     assert proc.returncode == 2 and len(lines) == 1 and expect in lines[0], proc.stderr
-    loaded = {line.rsplit("|", 1)[1].strip() for line in timing}
+    loaded = imported_packages(proc.stderr)
     assert loaded and not loaded & {"torch", "mmseg", "mmengine"}, sorted(loaded & {"torch", "mmseg", "mmengine"})
     assert not (project / "checkpoints").exists() and not (project / "runs").exists()
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, copy_project, stage_env
+from helpers import REPO, clean_env, copy_project, imported_packages, stage_env
 
 # script: the arguments of one real build on the committed metrics (None: it needs trained runs, --help only)
 REPORT_STAGES = {
@@ -27,12 +27,6 @@ MODEL_STACK = ("torch", "timm", "torchvision", "mmseg", "mmcv")
 NOT_IN_HELP = ("mmengine", "dvc")  # not even these for --help: reports_index's build reads the mmseg config with mmengine's Config
 
 
-def _loaded(importtime: str) -> set[str]:
-    """The top-level packages a ``python -X importtime`` run imported, from its stderr."""
-    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in importtime.splitlines()
-            if line.startswith("import time:") and line.count("|") == 2}
-
-
 def _run(args: list[str], cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-X", "importtime", *args], cwd=cwd, env=stage_env(),
                           capture_output=True, text=True, timeout=300)
@@ -46,7 +40,7 @@ def test_the_listed_report_stages_exist():
 def test_a_report_stage_help_loads_no_model_stack(script, tmp_path):
     proc = _run([str(REPO / "stages" / script), "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    loaded = _loaded(proc.stderr)
+    loaded = imported_packages(proc.stderr)
     assert "dpnrepro" in loaded  # the parse saw the stage's own imports
     assert not loaded & {*MODEL_STACK, *NOT_IN_HELP}, sorted(loaded & {*MODEL_STACK, *NOT_IN_HELP})
 
@@ -61,7 +55,7 @@ def test_a_report_build_on_the_committed_metrics_loads_neither_torch_nor_timm(sc
     proc = _run([f"stages/{script}", *REPORT_STAGES[script]], project)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("wrote "), proc.stdout
-    loaded = _loaded(proc.stderr)
+    loaded = imported_packages(proc.stderr)
     assert {"dpnrepro", "numpy"} <= loaded
     assert not loaded & set(MODEL_STACK), sorted(loaded & set(MODEL_STACK))
 
