@@ -9,6 +9,7 @@ each split, rank 0 writes the metrics, the same bytes as one process.
 """
 
 import importlib
+import json
 from pathlib import Path
 
 from dpnrepro.artifacts import describe_recipe, read_config
@@ -49,12 +50,16 @@ def evaluate_sweep(params, name: str, resolved, ctx) -> dict:
     definition = EVALUATORS[evaluator]
     Evaluator = importlib.import_module(definition.module).Evaluator
     config = getattr(get_sweep(params, name), evaluator) if definition.params is not None else None
-    runs = {}
+    groups = {}  # the runs that share their evaluation settings are scored together (Evaluator.run_all)
     for r in resolved:
-        cfg = r.cfg
-        input_cfg = {**cfg.input.model_dump(), "workers": cfg.runtime.workers}
-        runs[r.run.name] = Evaluator(config, input_cfg, prepared_dir=PREPARED, batch_size=cfg.runtime.eval_batch_size,
-                                     device=ctx.device, progress=ctx.is_main).run(r.dir)
+        settings = ({**r.cfg.input.model_dump(), "workers": r.cfg.runtime.workers}, r.cfg.runtime.eval_batch_size)
+        groups.setdefault(json.dumps(settings, sort_keys=True), (settings, []))[1].append(r)
+    scored = {}
+    for (input_cfg, batch_size), group in groups.values():
+        scorer = Evaluator(config, input_cfg, prepared_dir=PREPARED, batch_size=batch_size, device=ctx.device,
+                           progress=ctx.is_main)
+        scored |= zip((r.run.name for r in group), scorer.run_all([r.dir for r in group]))
+    runs = {r.run.name: scored[r.run.name] for r in resolved}
     splits = load_manifest(PREPARED)["splits"]
     return {
         "profile": params.profile, "dataset": params.data.name, "sweep": name,

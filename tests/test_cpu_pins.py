@@ -129,6 +129,28 @@ def test_the_label_is_what_the_libraries_report():
     assert "MKL AUTO," in other.stdout, other.stderr
 
 
+@pytest.mark.parametrize("cbwr", ["COMPATIBLE,STRICT", "COMPATIBLE", "AUTO", "AUTO,STRICT", "AVX2", "AVX2,STRICT",
+                                  "SSE4_2", None])
+def test_mkls_branch_read_through_its_api_is_what_mkl_verbose_prints(cbwr):
+    """The label's MKL branch comes from MKL's mkl_cbwr_get (no clock measurement), in MKL_VERBOSE's words: under
+    every setting, pinned or not, on whichever vendor runs this (an Intel CPU runs the ISA branches as set, an
+    AMD one AUTO), the same string as the CNR field of a GEMM under MKL_VERBOSE."""
+    code = ("import dpnrepro, torch; from dpnrepro.determinism.cpu import mkl_branch, mkl_cbwr_branch, mkl_verbose_branch; "
+            "print(mkl_cbwr_branch(), mkl_branch(), mkl_verbose_branch())")
+    env = {**INSTRUCTION_SET_ENV, KERNELS_ENV: "environment"}
+    env.pop("MKL_CBWR", None)
+    proc = _python(code, **env, **({"MKL_CBWR": cbwr} if cbwr else {}))
+    assert proc.returncode == 0, proc.stderr
+    api, label, verbose = proc.stdout.split()
+    assert label == verbose, (cbwr, label, verbose)
+    vendor_neutral = {"COMPATIBLE,STRICT": "COMPATIBLE,STRICT", "COMPATIBLE": "COMPATIBLE", "AUTO": "AUTO",
+                      "AUTO,STRICT": "AUTO,STRICT", None: "OFF"}
+    if cbwr in vendor_neutral:  # named by the API itself, no MKL_VERBOSE run
+        assert api == verbose == vendor_neutral[cbwr], (cbwr, api, verbose)
+    else:  # an ISA branch: the API's name (AMD: AUTO) or, where it names none, MKL_VERBOSE's
+        assert api in (verbose, "None"), (cbwr, api, verbose)
+
+
 def test_the_label_follows_the_convolution_path_set_after_it_was_first_read():
     """The label is read again when a process reroutes its convolutions at the same thread count (a label
     cached before the pins named oneDNN for im2col runs)."""

@@ -464,6 +464,56 @@ def test_a_batched_read_gives_the_rows_one_by_one(idx_dataset, tmp_path, multi_l
     assert torch.equal(split.__getitems__([(3, 77)])[0][0], split[(3, 77)][0])  # training keys: row by row
 
 
+class _Draws:
+    """A transform drawing from every generator the per-example seeding covers, normal samples included (whose
+    cached second value a reseed must clear too): what it returns is the draws, in order."""
+
+    def __call__(self, image):
+        return torch.cat([torch.rand(2), torch.randn(3), torch.tensor([random.random(), random.gauss(0, 1),
+                                                                       float(random.randrange(1000))])])
+
+
+def _seeded_alone(transform, image, seed):
+    """What an example drew before batches shared one RNG save: its own fork, seeded by its seed."""
+    py_state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        out = transform(image)
+    random.setstate(py_state)
+    return out
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_a_batch_draws_per_example_what_each_example_draws_alone(idx_dataset, tmp_path, store):
+    """A training batch is transformed under one save of the global RNGs: each example still draws exactly what
+    it draws seeded alone (the smoke recipe's flips, a randaug recipe's choices, normal samples), whatever
+    precedes it in the batch, and the global generators end where they were."""
+    from dpnrepro.data.fast import undecoded
+    from dpnrepro.data.pixel_store import STORE_DIR, PixelStoreSplit
+
+    prepare_dataset(data_cfg(idx_dataset, pixel_store_side=28 if store else 0), tmp_path / "p")
+    ds = load_split(tmp_path / "p", "train")
+    ds = PixelStoreSplit(ds, tmp_path / "p" / STORE_DIR) if store else ds
+    keys = [(5, 11), (0, 12), (3, 11), (3, 13), (7, 2**40 + 1)]
+    torch.manual_seed(123)
+    random.seed(123)
+    torch.randn(1)  # a cached normal sample in the global generator: the batch must not leak it in or out
+    random.gauss(0, 1)
+    torch_state, py_state = torch.get_rng_state(), random.getstate()
+    draws = TransformedSplit(ds, _Draws()).__getitems__(keys)
+    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == py_state
+    assert all(torch.equal(x, _seeded_alone(_Draws(), None, seed)) for (x, _), (_, seed) in zip(draws, keys))
+    recipes = (dict(inception_crop=True, flip=True, randaug=""), dict(inception_crop=False, flip=True, randaug="rand-m9-n2"))
+    for backend in ("fast",) if store else ("pil", "fast"):  # a pixel store feeds the fast backend only
+        for recipe in recipes:
+            cfg = dict(image_size=28, channels=1, eval_resize=28, backend=backend, **recipe)
+            transform = build_transform(cfg, train=True, uint8=True)
+            split = TransformedSplit(undecoded(ds) if backend == "fast" else ds, transform)
+            alone = [_seeded_alone(transform, split.ds[i]["image"], seed) for i, seed in keys]
+            assert all(torch.equal(x, a) for (x, _), a in zip(split.__getitems__(keys), alone)), (backend, recipe)
+
+
 def test_evaluation_reads_each_batch_in_one_call(idx_dataset, tmp_path, monkeypatch):
     from dpnrepro.data.loader import eval_loader
 

@@ -34,13 +34,27 @@ def _setup():
     return model, ds
 
 
+def _others() -> list[torch.nn.Module]:
+    """Two more models, scored in one pass with the first: other stems, random heads (a fresh head is zero and
+    predicts one class), so the three score differently."""
+    from dpnrepro.models import build_vit
+
+    torch.manual_seed(0)
+    models = [build_vit("Mu/7", stem=stem, num_classes=10, img_size=28, in_chans=3) for stem in ("conv", "dpn")]
+    for model in models:
+        torch.nn.init.normal_(model.head.weight, std=1.0)
+    return models
+
+
 def _evaluate(model, ds) -> dict:
-    from dpnrepro.evaluation.classification import evaluate_top1
+    from dpnrepro.evaluation.classification import evaluate_top1, evaluate_top1_together
     from dpnrepro.evaluation.fewshot import extract_features
 
-    top1 = evaluate_top1(model, ds, INPUT, batch_size=BATCH, device=torch.device("cpu"), progress=False)
+    cpu = torch.device("cpu")
+    top1 = evaluate_top1(model, ds, INPUT, batch_size=BATCH, device=cpu, progress=False)
+    together = evaluate_top1_together([model, *_others()], ds, INPUT, batch_size=BATCH, device=cpu, progress=False)
     feats, labels = extract_features(model, ds, INPUT, BATCH)
-    return {"top1": top1, "feats": feats, "labels": labels}
+    return {"top1": top1, "together": together, "feats": feats, "labels": labels}
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
@@ -68,8 +82,33 @@ def test_sharded_evaluation_equals_one_process_bitwise(tmp_path, world):
                                           start_method="fork")
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
-        assert got["top1"] == ref["top1"]
+        assert got["top1"] == ref["top1"] and got["together"] == ref["together"]
         assert got["feats"].tobytes() == ref["feats"].tobytes() and np.array_equal(got["labels"], ref["labels"])
+
+
+def test_runs_scored_in_one_pass_score_what_each_scores_alone(tmp_path, monkeypatch):
+    """The evaluate stage scores the runs sharing their settings in one pass over each split (each batch decoded
+    once): every run's counts are those of its own pass, in any company; more weights than a pass holds take
+    further passes, in order."""
+    from dpnrepro.evaluation import classification
+    from dpnrepro.evaluation.classification import _passes, evaluate_top1, evaluate_top1_together
+
+    model, ds = _setup()
+    models = [model, *_others()]
+    cpu = torch.device("cpu")
+    alone = [evaluate_top1(m, ds, INPUT, batch_size=BATCH, device=cpu, progress=False) for m in models]
+    assert len({a["top1"] for a in alone}) > 1  # models that score differently
+    for order in ([0, 1, 2], [2, 0, 1]):
+        together = evaluate_top1_together([models[i] for i in order], ds, INPUT, batch_size=BATCH, device=cpu,
+                                          progress=False)
+        assert together == [alone[i] for i in order]
+    runs = []
+    for name, size in (("a", 5), ("b", 5), ("c", 1), ("d", 12), ("e", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"x" * size)
+        runs.append(tmp_path / name)
+    monkeypatch.setattr(classification, "PASS_PARAM_BYTES", 10)
+    assert [[p.name for p in chunk] for chunk in _passes(runs)] == [["a", "b"], ["c"], ["d"], ["e"]]
 
 
 def test_shards_are_whole_batches_in_order():

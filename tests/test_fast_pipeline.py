@@ -145,6 +145,22 @@ def test_fast_matches_pil_on_tiny_grayscale(crop_sampler):
         assert float((a - b).abs().max()) * 127.5 <= 1.01
 
 
+@pytest.mark.parametrize("squash", [False, True])
+def test_fast_without_crop_equals_pil_for_images_at_and_off_the_training_size(squash):
+    """Without inception crop (the smoke recipes) an S x S image skips the resize | central crop, which are the
+    image itself there (torchvision returns an image already at the size): the same tensors as the PIL path,
+    bit for bit, as for the images the fast path does resize."""
+    rng = np.random.default_rng(2)
+    for hw in ((28, 28), (36, 28), (20, 33)):
+        img = Image.fromarray(rng.integers(0, 256, hw, dtype=np.uint8))
+        settings = dict(inception_crop=False, randaug="", squash=squash)
+        tp = build_transform({**cfg(1, size=28, backend="pil"), **settings}, train=True, uint8=True)
+        tf = build_transform({**cfg(1, size=28), **settings}, train=True, uint8=True)
+        for seed in range(6):
+            a, b = seeded(tp, img, seed), seeded(tf, np.asarray(img), seed)
+            assert b.shape == (1, 28, 28) and torch.equal(a, b), (hw, seed)
+
+
 def test_randaugment_ops_close_to_timm():
     from timm.data import auto_augment as aa
 

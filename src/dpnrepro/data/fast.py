@@ -282,9 +282,10 @@ class FastTrainTransform:
 
             pixels, _ = decode(image, self.mode, self.size, crop=False)
             arr = pixels.numpy()
-            img = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
-            arr = np.asarray(self.resize_center(img))
-            arr = arr[:, :, None] if arr.ndim == 2 else arr
+            if arr.shape[:2] != (self.size, self.size):  # of an S x S image both resizes are the image itself
+                img = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
+                arr = np.asarray(self.resize_center(img))
+                arr = arr[:, :, None] if arr.ndim == 2 else arr
         if self.flip and torch.rand(1) < 0.5:  # v2.RandomHorizontalFlip's draw
             arr = cv2.flip(arr, 1)
             arr = arr[:, :, None] if arr.ndim == 2 else arr

@@ -28,3 +28,8 @@ class RunEvaluator:
     def run(self, run_dir: Path) -> dict:
         """The metrics of the run in ``run_dir``."""
         raise NotImplementedError
+
+    def run_all(self, run_dirs: list[Path]) -> list[dict]:
+        """The metrics of each run in ``run_dirs``, in order (an evaluator may score them together: each is
+        what :meth:`run` gives it alone)."""
+        return [self.run(run_dir) for run_dir in run_dirs]
