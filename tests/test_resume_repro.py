@@ -94,6 +94,10 @@ RUNS = {"train-table1": (("checkpoints/table1/Mu-7_conv_s0", "checkpoints/table1
         "segment": (("checkpoints/seg/Mu-7_dpn_f1_s0", "checkpoints/seg/Mu-7_dpn_f1_s1"), [1, 2, 3, 4])}
 
 
+# The run directory the killed second run of a stage would write when complete: absent after the kill.
+RUN_DIR_OF_SECOND = {"train-table1": "runs/table1/Mu-7_dpn_s0"}
+
+
 def _params() -> dict:
     p = tiny_params(**{"train.steps": 12, "runtime.ckpt_every": 4})
     p["export_imagefolder"] = None  # the idx files directly (tiny_params)
@@ -147,6 +151,9 @@ def _repro_until_done(root, probe, attempts: int = 6) -> tuple[list[str], list[s
         assert proc.returncode == -signal.SIGKILL, logs[-1][-3000:]
         started = json.loads(times.read_text())
         killed.append(next(name for name, seconds in started.items() if seconds is None))
+        if killed[-1] in RUN_DIR_OF_SECOND:  # killed mid-run: its checkpoint kept (persist), no run directory
+            left = root / RUN_DIR_OF_SECOND[killed[-1]]
+            assert not left.exists(), f"the killed run left {left.relative_to(root)} behind"
     raise AssertionError(f"no success in {attempts} attempts:\n" + "\n".join(logs)[-4000:])
 
 

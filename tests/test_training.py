@@ -78,35 +78,6 @@ def test_checkpoint_of_other_config_is_not_resumed(project, uninterrupted):
         write_params(project, tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8}))
 
 
-@pytest.mark.slow
-def test_dvc_repro_killed_mid_stage_resumes_on_the_next_repro(project, uninterrupted):
-    """Resume through DVC itself: the stage process is SIGKILLed right after its step-16
-    checkpoint inside `dvc repro`; the next `dvc repro` resumes (not from scratch) and the weights are
-    byte-identical to an uninterrupted run."""
-    stage = "train-table1"  # trains every run of the sweep: here the one run Mu-7 dpn s0
-    params = tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8})
-    for body in params.values():  # one run per sweep (fine-tunes need their table1 run)
-        if isinstance(body, dict) and "stems" in body:
-            body["stems"] = ["dpn"]
-    params["table1"]["stems"] = ["dpn", "conv"]  # Figures 2-4 compare base and DPN; dpn trains first
-    if params.get("lit"):
-        params["lit"]["towers"]["stems"] = ["dpn"]
-    write_params(project, params)  # other sweeps shrunk: the same run's config, so the same weights
-    run(["rm", "-rf", RUN, CKPT], project)
-
-    env = dict(stage_env(), DPNREPRO_TEST_KILL_AT_STEP="16")
-    killed = subprocess.run(["dvc", "repro", "--single-item", stage], cwd=project, env=env,
-                            capture_output=True, text=True)
-    assert killed.returncode != 0, killed.stdout
-    assert (project / CKPT / "meta.json").exists(), "the checkpoint must survive the failed stage (persist: true)"
-    assert not (project / RUN).exists(), "no half-written run directory"
-
-    resumed = run(["dvc", "repro", "--single-item", stage], project)
-    assert "resuming from" in resumed.stdout + resumed.stderr and "at step 16/40" in resumed.stdout + resumed.stderr
-    assert (project / RUN / "model.safetensors").read_bytes() == uninterrupted
-    write_params(project, tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8}))
-
-
 def test_code_fingerprint_covers_exactly_the_train_stages_code_deps(tmp_path):
     """A checkpoint written by other code is not resumed: the fingerprint hashes the files the train
     stages depend on in dvc.yaml (both from dpnrepro.codedeps), and nothing else."""

@@ -299,7 +299,8 @@ class TransformedSplit(torch.utils.data.Dataset):
         RNGs' draws). The global generators are saved once and restored after the last image, not per image:
         reseeding resets a generator whole (torch's normal-sample cache and Python's ``gauss`` state
         included), so each image draws what it draws alone, at a fraction of the per-image save and restore
-        (0.30 -> 0.2 ms an example of the smoke train batches on the 2-core AMD EPYC)."""
+        (with the identity-crop skip of data/fast.py, 0.34 -> 0.10 ms an example of the smoke train batches
+        on the 2-core AMD EPYC: benchmarks/measured/newcomer_amd_epyc_f25m1.json, train_batches_seeded_once)."""
         import random
 
         if all(seed is None for seed in seeds):
