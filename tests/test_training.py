@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import FMNIST, copy_project, git_init, run, stage_env, tiny_params, write_params
+from helpers import FMNIST, copy_project, run, stage_env, tiny_params, write_params
 
 pytestmark = pytest.mark.skipif(not FMNIST.exists(), reason="needs Debian's dataset-fashion-mnist (make env)")
 
@@ -23,7 +23,6 @@ CKPT = "checkpoints/table1/Mu-7_dpn_s0"
 def project(tmp_path_factory):
     root = copy_project(tmp_path_factory.mktemp("proj"))
     write_params(root, tiny_params(**{"train.steps": 40, "runtime.ckpt_every": 8}))
-    git_init(root)
     run([sys.executable, "stages/prepare.py"], root)
     return root
 
