@@ -35,6 +35,62 @@ def test_first_ln_scale_lands_on_the_pixel_it_scales(channels, patch):
     assert channels == 1 or image[0, 0, 1] - image[0, 0, 0] == 1
 
 
+def save_run(run, spec, model):
+    """A run directory holding ``model``'s weights and ``spec``, as training writes them."""
+    from dataclasses import asdict
+
+    from dpnrepro.artifacts import MODEL_FILE, SPEC_FILE
+    from dpnrepro.training.checkpoint import save_weights
+
+    run.mkdir(parents=True)
+    save_weights(model, run / MODEL_FILE)
+    (run / SPEC_FILE).write_text(json.dumps(asdict(spec)))
+    return run
+
+
+def mu_spec(stem, channels, patch):
+    from dpnrepro.artifacts import ModelSpec
+
+    return ModelSpec(arch=f"Mu/{patch}", stem=stem, placement="pre-pre", num_classes=3, img_size=4 * patch,
+                     in_chans=channels, pool="tok", rep_size=True, head_bias_init=-2.2, pos_drop_rate=0.0,
+                     proj_drop_rate=0.0, drop_path_rate=0.0)
+
+
+@pytest.mark.parametrize("stem,channels,patch", [("dpn", 1, 7), ("dpn", 3, 4), ("pre", 3, 4), ("rmsnorm", 1, 7),
+                                                 ("only_learnable", 3, 4)])
+def test_figure3_reads_from_the_weights_file_what_the_rebuilt_model_holds(tmp_path, stem, channels, patch):
+    """The figures stage reads the first norm's scale from model.safetensors (no torch, no timm): the array
+    the model's own first_ln_scale_image gives once the run is rebuilt, bit for bit."""
+    from dpnrepro.artifacts import load_run_model
+
+    spec = mu_spec(stem, channels, patch)
+    torch.manual_seed(0)
+    model = spec.build()
+    with torch.no_grad():
+        model.patch_embed.norm_in.weight.normal_()  # every entry its own value
+    run = save_run(tmp_path / "run", spec, model)
+    got, want = figures.first_ln_scale(run), first_ln_scale_image(load_run_model(run)).numpy()
+    assert got.dtype == want.dtype and got.shape == want.shape == (patch, patch, channels)
+    assert (got == want).all()
+
+
+def test_figure3_of_a_run_without_a_first_norm_or_with_damaged_weights_is_one_error(tmp_path):
+    from dpnrepro.artifacts import MODEL_FILE
+    from dpnrepro.errors import CheckpointError
+
+    spec = mu_spec("conv", 1, 7)
+    run = save_run(tmp_path / "conv", spec, spec.build())
+    with pytest.raises(CheckpointError, match="holds no patch_embed.norm_in.weight of 49 values .*stem conv"):
+        figures.first_ln_scale(run)
+    weights = run / MODEL_FILE
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="cannot read weights .*model.safetensors"):
+        figures.first_ln_scale(run)
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="does not exist; train it first"):
+        figures.first_ln_scale(run)
+
+
 def _fake_run(root, arch, stem, seed, steps, norms):
     path = root / f"{arch}_{stem}_s{seed}"
     grad = path / figures.GRAD_DIR

@@ -21,7 +21,7 @@ REPORT_STAGES = {
     "ablations.py": ["--report", "table6"],
     "study_report.py": [],
     "reports_index.py": [],
-    "figures.py": None,  # reads runs/ (gradient-norm logs, weights for Figure 3)
+    "figures.py": None,  # reads runs/ (gradient-norm logs, weights for Figure 3): its own test below
 }
 MODEL_STACK = ("torch", "timm", "torchvision", "mmseg", "mmcv")
 NOT_IN_HELP = ("mmengine", "dvc")  # not even these for --help: reports_index's build reads the mmseg config with mmengine's Config
@@ -58,6 +58,35 @@ def test_a_report_build_on_the_committed_metrics_loads_neither_torch_nor_timm(sc
     loaded = imported_packages(proc.stderr)
     assert {"dpnrepro", "numpy"} <= loaded
     assert not loaded & set(MODEL_STACK), sorted(loaded & set(MODEL_STACK))
+
+
+def test_the_figures_build_reads_its_runs_without_torch_or_timm(tmp_path):
+    """Figures 2-4 from a sweep of runs (gradient-norm logs, Figure 3's weights file): the stage writes every
+    figure and loads no model stack."""
+    import json
+
+    from test_figures import mu_spec, save_run
+
+    project = copy_project(tmp_path / "project")
+    for stem in ("conv", "dpn"):
+        for seed in (0, 1):
+            run = project / "runs" / "table1" / f"Mu-7_{stem}_s{seed}"
+            if stem == "dpn":
+                spec = mu_spec(stem, 1, 7)
+                save_run(run, spec, spec.build())
+            grad = run / "dvclive/plots/metrics/grad_norm"
+            grad.mkdir(parents=True)
+            (run / "config.json").write_text(json.dumps({"arch": "Mu-7", "stem": stem, "seed": seed, "profile": "smoke",
+                                                         "train": {"steps": 100}}))
+            (run / "run.json").write_text(json.dumps({"hardware": "a stand-in"}))
+            for layer in ("stem", "block_00"):
+                (grad / f"{layer}.tsv").write_text(f"step\t{layer}\n" + "".join(f"{k}\t{k / 100}\n"
+                                                                                   for k in range(10, 101, 10)))
+    proc = _run(["stages/figures.py"], project)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("wrote ") and "reports/figure3.png" in proc.stdout, proc.stdout
+    loaded = imported_packages(proc.stderr)
+    assert "dpnrepro" in loaded and not loaded & set(MODEL_STACK), sorted(loaded & set(MODEL_STACK))
 
 
 LAZY_STAGE = """

@@ -6,7 +6,8 @@
   (``runs/<sweep>/<run>/dvclive/plots/metrics/grad_norm/<layer>.tsv``, logged before clipping).
 * Fig. 4 (appendix H): (a) for each of ``figure4_archs``.
 * Fig. 3 (Sec. 8.2): the scale of DPN's first LayerNorm (on the patch pixels) as a patch × patch image
-  per channel (:func:`dpnrepro.models.first_ln_scale_image`), from the DPN run of ``figure3_arch``.
+  per channel, from the DPN run of ``figure3_arch``, read from its weights file (:func:`first_ln_scale`:
+  what :func:`dpnrepro.models.first_ln_scale_image` gives for the rebuilt model, without torch or timm).
 
 Base and DPN are averaged over the seeds both have (the summary also holds the 95 % t-interval); everything is
 computed from files only, so the outputs are byte-identical for the same runs.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from dpnrepro.artifacts import read_config
 from dpnrepro.config.figures import FiguresParams
-from dpnrepro.errors import UserError
+from dpnrepro.errors import CheckpointError, UserError
 from dpnrepro.io import write_json_atomic, write_text_atomic
 from dpnrepro.reports import headline
 from dpnrepro.reports.plotting import pyplot, save_png
@@ -30,6 +31,7 @@ BASE, DPN = "conv", "dpn"
 _COLORS = {BASE: "black", DPN: "#d62728"}
 _LABELS = {BASE: "Base (conv stem)", DPN: "DPN"}
 GRAD_DIR = Path("dvclive/plots/metrics/grad_norm")
+FIRST_NORM_WEIGHT = "patch_embed.norm_in.weight"  # the stem's norm on the patch pixels (models/stems.py)
 
 
 def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
@@ -59,6 +61,29 @@ def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
         raise UserError(f"{folder / short[0]}.tsv ends at step {last[short[0]]}, the run's other layers at step "
                         f"{max(last.values())}: the file is truncated; {restore(folder / (short[0] + '.tsv'))}")
     return out
+
+
+def first_ln_scale(run_path: Path):
+    """The ``(p, p, C)`` float32 array of a run's first-norm scale (row, column, channel: the patch pixels'
+    flattening order), read from ``model.safetensors`` with the patch size and channels of its spec."""
+    from safetensors import safe_open
+
+    from dpnrepro.artifacts import MODEL_FILE, read_spec
+    from dpnrepro.model_spec import parse_arch
+
+    spec, weights = read_spec(run_path), Path(run_path) / MODEL_FILE
+    patch = parse_arch(spec.arch)[1]
+    if not weights.exists():
+        raise CheckpointError(f"checkpoint {weights} does not exist; train it first (`dvc repro`) or `dvc pull` it")
+    try:
+        with safe_open(str(weights), framework="numpy") as f:
+            scale = f.get_tensor(FIRST_NORM_WEIGHT) if FIRST_NORM_WEIGHT in f.keys() else None
+    except Exception as exc:  # truncated / not a safetensors file
+        raise CheckpointError(f"cannot read weights {weights} ({type(exc).__name__}: {exc})") from exc
+    if scale is None or scale.shape != (patch * patch * spec.in_chans,):
+        raise CheckpointError(f"{weights} holds no {FIRST_NORM_WEIGHT} of {patch * patch * spec.in_chans} values "
+                              f"({spec.arch}, {spec.in_chans} channels, stem {spec.stem})")
+    return scale.reshape(patch, patch, spec.in_chans)
 
 
 def _layer_order(layer: str) -> tuple:
@@ -215,8 +240,7 @@ def _csv(rows: list[list], header: list[str]) -> str:
 def build_figures(fig_params: FiguresParams, runs_root: str | Path = "runs", reports_dir: str | Path = "reports",
                   metrics_dir: str | Path = "metrics") -> list[Path]:
     """reports/figure{2,3,4}.{md,png}, metrics/figures_summary.json and the dvc-plots CSVs of Fig. 2."""
-    from dpnrepro.artifacts import load_run_model, read_summary
-    from dpnrepro.models import first_ln_scale_image
+    from dpnrepro.artifacts import read_summary
 
     reports_dir, metrics_dir = Path(reports_dir), Path(metrics_dir)
     sweep_dir = Path(runs_root) / fig_params.sweep
@@ -286,7 +310,7 @@ def build_figures(fig_params: FiguresParams, runs_root: str | Path = "runs", rep
     if not dpn_runs:
         raise UserError(f"no {DPN} run of {arch3} in {sweep_dir} for Figure 3")
     run3 = dpn_runs[0]
-    scale = first_ln_scale_image(load_run_model(run3["path"])).numpy()
+    scale = first_ln_scale(run3["path"])
     label3 = f"{run3['path'].name}, {_label(runs, arch3, [run3['seed']])}"
     render_figure3(scale, arch3, label3, reports_dir / "figure3.png")
     write_text_atomic(reports_dir / "figure3.md", "\n".join([
