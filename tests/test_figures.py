@@ -91,7 +91,7 @@ def test_figure3_of_a_run_without_a_first_norm_or_with_damaged_weights_is_one_er
         figures.first_ln_scale(run)
 
 
-def _fake_run(root, arch, stem, seed, steps, norms):
+def fake_run(root, arch, stem, seed, steps, norms):
     path = root / f"{arch}_{stem}_s{seed}"
     grad = path / figures.GRAD_DIR
     grad.mkdir(parents=True)
@@ -99,16 +99,17 @@ def _fake_run(root, arch, stem, seed, steps, norms):
                                                   "train": {"steps": steps}}))
     for layer, series in norms.items():
         (grad / f"{layer}.tsv").write_text(f"step\t{layer}\n" + "".join(f"{k}\t{v}\n" for k, v in series.items()))
+    return path
 
 
 def test_depth_profile_averages_the_last_steps_then_seeds(tmp_path):
     # steps 10..100 logged every 10; last_steps 30 = the logs at steps > 70: 80, 90, 100
     for seed, scale in ((0, 1.0), (1, 3.0)):
-        _fake_run(tmp_path, "Mu-7", "conv", seed, 100,
+        fake_run(tmp_path, "Mu-7", "conv", seed, 100,
                   {"stem": {s: scale * s for s in range(10, 101, 10)}, "block_00": {s: 1.0 for s in range(10, 101, 10)}})
-        _fake_run(tmp_path, "Mu-7", "dpn", seed, 100,
+        fake_run(tmp_path, "Mu-7", "dpn", seed, 100,
                   {"stem": {s: 0.1 * scale for s in range(10, 101, 10)}, "block_00": {s: 2.0 for s in range(10, 101, 10)}})
-    _fake_run(tmp_path, "Mu-7", "dpn", 2, 100, {"stem": {100: 99.0}})  # no conv partner: left out
+    fake_run(tmp_path, "Mu-7", "dpn", 2, 100, {"stem": {100: 99.0}})  # no conv partner: left out
     runs = figures.sweep_runs(tmp_path)
     prof = figures.depth_profile(runs, "Mu-7", last_steps=30)
     assert prof["layers"] == ["stem", "block_00"] and prof["seeds"] == [0, 1]
@@ -120,8 +121,8 @@ def test_depth_profile_averages_the_last_steps_then_seeds(tmp_path):
     assert curve["steps"] == list(range(10, 101, 10))
     assert curve["conv"][0] == pytest.approx((10 + 30) / 2) and curve["dpn"][-1] == pytest.approx(0.2)
     with pytest.raises(Exception, match="last 5 steps"):
-        _fake_run(tmp_path / "x", "Mu-4", "conv", 0, 100, {"stem": {90: 1.0}})
-        _fake_run(tmp_path / "x", "Mu-4", "dpn", 0, 100, {"stem": {90: 1.0}})
+        fake_run(tmp_path / "x", "Mu-4", "conv", 0, 100, {"stem": {90: 1.0}})
+        fake_run(tmp_path / "x", "Mu-4", "dpn", 0, 100, {"stem": {90: 1.0}})
         figures.depth_profile(figures.sweep_runs(tmp_path / "x"), "Mu-4", last_steps=5)
     assert figures.layer_label("block_11") == "Block: 11"
 

@@ -65,23 +65,18 @@ def test_the_figures_build_reads_its_runs_without_torch_or_timm(tmp_path):
     figure and loads no model stack."""
     import json
 
-    from test_figures import mu_spec, save_run
+    from test_figures import fake_run, mu_spec, save_run
 
     project = copy_project(tmp_path / "project")
+    sweep = project / "runs" / "table1"
     for stem in ("conv", "dpn"):
         for seed in (0, 1):
-            run = project / "runs" / "table1" / f"Mu-7_{stem}_s{seed}"
             if stem == "dpn":
                 spec = mu_spec(stem, 1, 7)
-                save_run(run, spec, spec.build())
-            grad = run / "dvclive/plots/metrics/grad_norm"
-            grad.mkdir(parents=True)
-            (run / "config.json").write_text(json.dumps({"arch": "Mu-7", "stem": stem, "seed": seed, "profile": "smoke",
-                                                         "train": {"steps": 100}}))
+                save_run(sweep / f"Mu-7_{stem}_s{seed}", spec, spec.build())
+            norms = {s: s / 100 for s in range(10, 101, 10)}
+            run = fake_run(sweep, "Mu-7", stem, seed, 100, {"stem": norms, "block_00": norms})
             (run / "run.json").write_text(json.dumps({"hardware": "a stand-in"}))
-            for layer in ("stem", "block_00"):
-                (grad / f"{layer}.tsv").write_text(f"step\t{layer}\n" + "".join(f"{k}\t{k / 100}\n"
-                                                                                   for k in range(10, 101, 10)))
     proc = _run(["stages/figures.py"], project)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("wrote ") and "reports/figure3.png" in proc.stdout, proc.stdout
