@@ -8,20 +8,24 @@ import numpy as np
 from dpnrepro.benchmarks.eval_memory import measure
 
 
-def test_evaluation_peak_rss_on_a_10x_split_stays_within_10_percent(tmp_path):
+def test_evaluation_keeps_nothing_of_a_split_between_batches_at_10x_its_size(tmp_path):
     # The smoke evaluation of one run (top-1 on minival + val, few-shot train -> val) on real Fashion-MNIST
-    # at the smoke sizes and 10x, each in a fresh process. At 56 px a split kept in memory as float32
-    # batches (the old per-process cache) adds ~12 KiB per image: ~250 MiB more at 10x, well past 10 %
-    # of a ~0.9 GiB process; streamed, only a batch at a time is alive, and the heap's free pages go back
-    # after each batch (without that trim glibc's heap creeps +13 to +21 % at 10x with no data kept,
-    # dpnrepro/allocator.py). The lower peak of two processes per scale keeps transient spikes out; the
-    # second 10x process runs only when the first peaked above the bound (the lower peak decides the same).
-    one = measure(56, (1,), allocator="trim", repeats=2, root=tmp_path)[1]
-    ten = measure(56, (10,), allocator="trim", repeats=2, root=tmp_path,
-                  enough_kb={10: 1.10 * one["peak_rss_kb"]})[10]
+    # at the smoke sizes and 10x, each in a fresh process. What it holds between batches (the anonymous
+    # memory after each batch's heap trim, the batch gone) grows by the logits and features it keeps
+    # (~4 MiB at 10x); a kept split (a list of its batches, the old per-process cache) adds 108 MiB for the
+    # 9,000 extra val images as float32 at 56 px, 24 MiB as uint8. The bound is half the uint8 figure.
+    # Not the peak RSS: within a batch ~200 MiB of activations come and go, heap fragmentation lifts each
+    # batch's peak a little (+60 MiB over the 10x run's 43 batches at times, nothing kept) and the RSS also
+    # counts the larger split's memory-mapped Arrow pages; that peak moved by ~100 MiB between runs on
+    # CI's machine, the level between batches by 0.1 MiB here (benchmarks/eval_memory reports all three).
+    one = measure(56, (1,), allocator="trim", root=tmp_path, by="held_anon_kb")[1]
+    bound_kb = 0.5 * 9 * one["val_examples"] * 56 * 56 / 1024
+    ten = measure(56, (10,), allocator="trim", repeats=2, root=tmp_path, by="held_anon_kb",
+                  enough_kb={10: one["held_anon_kb"] + bound_kb})[10]
     assert (one["val_examples"], ten["val_examples"]) == (1000, 10000)  # it did read the 10x splits
     assert (one["fewshot_test_examples"], ten["fewshot_test_examples"]) == (1000, 10000)
-    assert ten["peak_rss_kb"] <= 1.10 * one["peak_rss_kb"], (one, ten)
+    assert ten["batches"] > 5 * one["batches"] and one["thp_disabled"]  # the level was read after each batch
+    assert ten["held_anon_kb"] - one["held_anon_kb"] <= bound_kb, (one, ten)
 
 
 def test_evaluation_batches_hand_the_free_heap_back_after_each_batch(monkeypatch):

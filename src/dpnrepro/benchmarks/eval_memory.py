@@ -12,7 +12,15 @@ with seeded random weights: memory does not depend on what the weights are.
 
 The peak is the process's high-water RSS (``VmHWM``, :func:`peak_rss_kb`) at the end, with one thread
 and no loader workers; the RSS after imports and model load (``baseline``) is recorded next to it, so the
-part evaluation adds is visible, and so is evaluation's wall time. Allocator modes (:data:`ALLOCATORS`):
+part evaluation adds is visible, and so is evaluation's wall time. Next to it, the peak of the process's
+anonymous memory (``RssAnon``; :class:`AnonPeak` samples it every few milliseconds, so a spike shorter
+than that is missed) and the most anonymous memory held *between* batches (``held_anon_kb``: read after
+each batch's heap trim, when the batch itself is gone). Within a batch the model's activations come and
+go (~200 MiB at 56 px, batch 500) and the heap's fragmentation lifts each batch's peak a little more than
+the last (tens of MiB over 20 batches, nothing kept); between batches only what evaluation keeps is left
+(logits, features, a kept split), so that level grows with the split only if something of it is kept. The child
+opts out of transparent huge pages (``prctl``): where the kernel's policy is ``always``, khugepaged turns
+partly used 2 MiB regions resident at its own pace, which adds tens of MiB of noise to a longer run's peak. Allocator modes (:data:`ALLOCATORS`):
 ``trim`` is the code as it runs (:class:`dpnrepro.allocator.HeapTrimmed`), ``none`` the same without the
 trim (glibc's own policy), ``fixed`` without the trim but with glibc's mmap threshold fixed at 128 KiB
 (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does), the alternative that was measured and not chosen. The
@@ -106,6 +114,49 @@ def peak_rss_kb() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def disable_transparent_huge_pages() -> bool:
+    """Opt this process (and its children) out of transparent huge pages (``PR_SET_THP_DISABLE``), so its
+    RSS is the pages it touched whatever the machine's THP policy; False where ``prctl`` refuses."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0) == 0  # PR_SET_THP_DISABLE
+    except (OSError, AttributeError):
+        return False
+
+
+class AnonPeak:
+    """The highest ``RssAnon`` (KiB) of this process seen while the ``with`` block runs, sampled by a
+    daemon thread every ``interval`` seconds (Linux has no high-water mark of anonymous memory alone)."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval, self.kb = interval, 0
+
+    @staticmethod
+    def rss_anon_kb() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+        raise RuntimeError("no RssAnon in /proc/self/status")
+
+    def _sample(self):
+        while not self._stop.wait(self.interval):
+            self.kb = max(self.kb, self.rss_anon_kb())
+
+    def __enter__(self):
+        import threading
+
+        self.kb, self._stop = self.rss_anon_kb(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.kb = max(self.kb, self.rss_anon_kb())
+
+
 def _rss_kb() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
@@ -140,25 +191,39 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     load_run_model(run)  # imports and first allocations before the baseline
     baseline = _rss_kb()
     kw = dict(batch_size=cfg.runtime.eval_batch_size, device="cpu", progress=False)
+    baseline_anon = AnonPeak.rss_anon_kb()
+    held, trim = [], heap.release_free_heap
+
+    def trim_and_record():  # HeapTrimmed calls it after each batch, once the consumer let go of it
+        released = trim()
+        held.append(AnonPeak.rss_anon_kb())
+        return released
+
+    heap.release_free_heap = trim_and_record
     start = time.perf_counter()
-    top1 = evaluate_run(run, prepared, input_cfg, **kw)
-    few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
-                               train_split=fs.train_split, test_split=fs.test_split, resize=resize,
-                               pool_size=fs.pool_size, **kw)
+    with AnonPeak() as anon:
+        top1 = evaluate_run(run, prepared, input_cfg, **kw)
+        few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
+                                   train_split=fs.train_split, test_split=fs.test_split, resize=resize,
+                                   pool_size=fs.pool_size, **kw)
     seconds = time.perf_counter() - start
-    return {"peak_rss_kb": peak_rss_kb(), "baseline_rss_kb": baseline, "eval_seconds": round(seconds, 2),
+    heap.release_free_heap = trim
+    return {"held_anon_kb": max(held), "batches": len(held), "peak_rss_kb": peak_rss_kb(), "baseline_rss_kb": baseline, "peak_anon_kb": anon.kb,
+            "baseline_anon_kb": baseline_anon, "eval_seconds": round(seconds, 2),
             "val_examples": top1["val_examples"], "minival_examples": top1["minival_examples"],
             "fewshot_test_examples": few["fewshot_test_examples"], "fewshot_train_pool": few["fewshot_train_pool"],
             "batch_size": kw["batch_size"]}
 
 
 def measure(image_size: int, scales=(1, 10), *, allocator: str = "trim", repeats: int = 1,
-            root: Path | None = None, profile: str = "params.yaml", enough_kb: dict | None = None) -> dict:
+            root: Path | None = None, profile: str = "params.yaml", enough_kb: dict | None = None,
+            by: str = "peak_rss_kb") -> dict:
     """``{scale: measurement}``: ``repeats`` fresh single-threaded processes per scale, on one shared run;
-    ``peak_rss_kb`` is the lowest of their peaks (all in ``peak_rss_kb_runs``): a transient spike in one
-    run does not count, a split kept in memory, which every run holds, still does.
+    the measurement is the run with the lowest ``by`` (``peak_rss_kb``, ``peak_anon_kb`` or ``held_anon_kb``;
+    every run's values of the three in ``<name>_runs``): a transient spike in one run does not count, a
+    split kept in memory, which every run holds, still does.
 
-    ``enough_kb``: ``{scale: KiB}``, a bound the caller checks the lowest peak against; a scale runs no
+    ``enough_kb``: ``{scale: KiB}``, a bound the caller checks the lowest peak ``by`` against; a scale runs no
     more processes once one peaked within its bound (a further one cannot change that check's outcome).
 
     ``allocator``: ``trim`` (the code: the heap's free pages released after each batch), ``none`` (glibc's
@@ -177,16 +242,17 @@ def measure(image_size: int, scales=(1, 10), *, allocator: str = "trim", repeats
             env.pop("MALLOC_MMAP_THRESHOLD_", None)
             runs = []
             bound = (enough_kb or {}).get(scale)
-            while len(runs) < repeats and not (bound is not None and runs and runs[-1]["peak_rss_kb"] <= bound):
+            while len(runs) < repeats and not (bound is not None and runs and runs[-1][by] <= bound):
                 proc = subprocess.run([sys.executable, "-m", "dpnrepro.benchmarks.eval_memory", "--child",
                                        str(tmp / f"x{scale}"), str(run), str(image_size), profile, allocator],
                                       capture_output=True, text=True, env=env)
                 if proc.returncode:
                     raise RuntimeError(f"evaluation at scale {scale} failed:\n{proc.stderr[-3000:]}")
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            best = min(runs, key=lambda m: m["peak_rss_kb"])
+            best = min(runs, key=lambda m: m[by])
             out[scale] = {"split_sizes": sizes, "allocator": allocator, **best,
-                          "peak_rss_kb_runs": [m["peak_rss_kb"] for m in runs]}
+                          **{f"{k}_runs": [m.get(k) for m in runs]
+                             for k in ("peak_rss_kb", "peak_anon_kb", "held_anon_kb")}}
         return out
 
 
@@ -203,8 +269,9 @@ def render(results: list[dict], machine: str) -> str:
              f"Machine: {machine}. Each row: the lowest peak of its runs (all listed), and that run's evaluation "
              "wall time.", "",
              "| code | image size | allocator | scale | val / minival / train images | peak RSS (MiB), lowest | "
-             "baseline (MiB) | added by evaluation (MiB) | peak / scale-1 peak | evaluation (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "baseline (MiB) | added by evaluation (MiB) | peak / scale-1 peak | anonymous: peak, held between batches (MiB) | "
+             "evaluation (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         by_scale = r["scales"]
         ref = by_scale[min(by_scale)]["peak_rss_kb"]
@@ -214,6 +281,7 @@ def render(results: list[dict], machine: str) -> str:
                          f"{s['train']:,} | {m['peak_rss_kb'] / 1024:.0f} ({', '.join(f'{v / 1024:.0f}' for v in m['peak_rss_kb_runs'])}) | "
                          f"{m['baseline_rss_kb'] / 1024:.0f} | "
                          f"{(m['peak_rss_kb'] - m['baseline_rss_kb']) / 1024:.0f} | {m['peak_rss_kb'] / ref:.3f} | "
+                         f"{m['peak_anon_kb'] / 1024:.0f}, {m['held_anon_kb'] / 1024:.0f} | "
                          f"{m['eval_seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -233,7 +301,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.child:
         prepared, run, size, profile, allocator = args.child
-        print(json.dumps(evaluate_once(Path(prepared), Path(run), int(size), profile, allocator)))
+        thp_off = disable_transparent_huge_pages()  # before the imports allocate
+        print(json.dumps({**evaluate_once(Path(prepared), Path(run), int(size), profile, allocator),
+                          "thp_disabled": thp_off}))
         return
     results = [{"image_size": size, "code": args.code,
                 "scales": measure(size, args.scales, allocator=a, repeats=args.repeats)}
