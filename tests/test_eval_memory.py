@@ -1,4 +1,4 @@
-"""Evaluation streams its splits: peak host memory does not grow with the split size."""
+"""Evaluation streams its splits: what it holds between batches does not grow with the split size."""
 
 from __future__ import annotations
 
