@@ -99,9 +99,11 @@ def save_weights(model: torch.nn.Module, path: str | Path) -> None:
     tmp.replace(path)
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file, with a one-line error for a missing or unreadable one."""
-    from safetensors.torch import load_file
+def read_weights(path: str | Path, keys=None, framework: str = "pt") -> dict:
+    """The tensors of a ``.safetensors`` file (only ``keys`` where given, those of them it holds), with a
+    one-line error for a missing or unreadable one. ``framework``: safetensors' ``"pt"`` (torch tensors) or
+    ``"numpy"`` (arrays, for a reader that does not load torch)."""
+    from safetensors import safe_open
 
     path = Path(path)
     if not path.exists():
@@ -109,7 +111,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     if path.suffix != ".safetensors":
         raise CheckpointError(f"refusing to load {path}: only .safetensors checkpoints are accepted")
     try:
-        return load_file(str(path))
+        with safe_open(str(path), framework=framework) as f:
+            if keys is None:
+                return f.get_tensors()  # what safetensors.torch.load_file returns
+            return {k: f.get_tensor(k) for k in keys if k in f.keys()}
     except Exception as exc:  # truncated / not a safetensors file
         raise CheckpointError(f"cannot read weights {path} ({type(exc).__name__}: {exc})") from exc
 

@@ -66,20 +66,12 @@ def read_grad_norms(run_path: Path) -> dict[str, dict[int, float]]:
 def first_ln_scale(run_path: Path):
     """The ``(p, p, C)`` float32 array of a run's first-norm scale (row, column, channel: the patch pixels'
     flattening order), read from ``model.safetensors`` with the patch size and channels of its spec."""
-    from safetensors import safe_open
-
-    from dpnrepro.artifacts import MODEL_FILE, read_spec
+    from dpnrepro.artifacts import MODEL_FILE, read_spec, read_weights
     from dpnrepro.model_spec import parse_arch
 
     spec, weights = read_spec(run_path), Path(run_path) / MODEL_FILE
     patch = parse_arch(spec.arch)[1]
-    if not weights.exists():
-        raise CheckpointError(f"checkpoint {weights} does not exist; train it first (`dvc repro`) or `dvc pull` it")
-    try:
-        with safe_open(str(weights), framework="numpy") as f:
-            scale = f.get_tensor(FIRST_NORM_WEIGHT) if FIRST_NORM_WEIGHT in f.keys() else None
-    except Exception as exc:  # truncated / not a safetensors file
-        raise CheckpointError(f"cannot read weights {weights} ({type(exc).__name__}: {exc})") from exc
+    scale = read_weights(weights, keys=[FIRST_NORM_WEIGHT], framework="numpy").get(FIRST_NORM_WEIGHT)
     if scale is None or scale.shape != (patch * patch * spec.in_chans,):
         raise CheckpointError(f"{weights} holds no {FIRST_NORM_WEIGHT} of {patch * patch * spec.in_chans} values "
                               f"({spec.arch}, {spec.in_chans} channels, stem {spec.stem})")
