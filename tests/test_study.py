@@ -129,8 +129,9 @@ def test_committed_report_regenerates_from_committed_metrics(tmp_path):
                    "resume state, checksums, data loading, evaluation batches scaled at once; then training batches "
                    "seeded once a batch, evaluation in shared passes and MKL's branch read through its API, which "
                    "change no bit of the smoke pipeline's outputs); study_probe, the Mu-7 and Mu-4 short cells of both "
-                   "datasets and fashion_mnist's Mu-7 long cell were rerun after them, byte-identical; the other long, "
-                   "the saturation and the ablation cells (6) and study_report wait for `dvc repro study/dvc.yaml` "
+                   "datasets and fashion_mnist's Mu-7 long cell were rerun after them, byte-identical; since then every "
+                   "cell also reads its weights through artifacts.read_weights' one reader (same bits in the smoke "
+                   "pipeline); the cells and study_report wait for `dvc repro study/dvc.yaml` "
                    "(1 h 29 min on a 2-core AMD family 26, benchmarks/measured/times.json; ~3 h on a family 25), "
                    "after which this xfail goes")
 def test_study_pipeline_is_up_to_date():
