@@ -108,10 +108,15 @@ def peak_rss_kb() -> int:
     """This process's peak RSS (KiB) since its ``exec``: ``VmHWM`` of ``/proc/self/status``. Not
     ``ru_maxrss``: Linux carries the pre-``exec`` high-water mark over, and a child forked from a larger
     parent (a test process holding the splits it built) would report that parent's RSS."""
+    return status_kb("VmHWM")
+
+
+def status_kb(field: str) -> int:
+    """A KiB field of this process's ``/proc/self/status`` (``VmHWM``, ``RssAnon``, ...)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def disable_transparent_huge_pages() -> bool:
@@ -134,10 +139,7 @@ class AnonPeak:
 
     @staticmethod
     def rss_anon_kb() -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-        raise RuntimeError("no RssAnon in /proc/self/status")
+        return status_kb("RssAnon")
 
     def _sample(self):
         while not self._stop.wait(self.interval):
