@@ -125,15 +125,12 @@ def test_committed_report_regenerates_from_committed_metrics(tmp_path):
         assert path.read_bytes() == committed.read_bytes(), f"{committed} is not what its metrics give"
 
 
-@pytest.mark.xfail(strict=True, reason="the study's cells depend on code changed since they ran (lazy imports, "
-                   "resume state, checksums, data loading, evaluation batches scaled at once; then training batches "
-                   "seeded once a batch, evaluation in shared passes and MKL's branch read through its API, which "
-                   "change no bit of the smoke pipeline's outputs); study_probe, the Mu-7 and Mu-4 short cells of both "
-                   "datasets and fashion_mnist's Mu-7 long cell were rerun after them, byte-identical; since then every "
-                   "cell also reads its weights through artifacts.read_weights' one reader (same bits in the smoke "
-                   "pipeline); the cells and study_report wait for `dvc repro study/dvc.yaml` "
-                   "(1 h 29 min on a 2-core AMD family 26, benchmarks/measured/times.json; ~3 h on a family 25), "
-                   "after which this xfail goes")
+@pytest.mark.xfail(strict=True, reason="the study's two Mu-4 long cells and study_report depend on code changed since "
+                   "they ran (lazy imports, resume state, checksums, data loading, batched evaluation, seeding, shared "
+                   "evaluation passes, MKL's branch through its API, one safetensors reader; no bit of the smoke "
+                   "pipeline's outputs changed); every other cell was rerun after them, byte-identical; they wait for "
+                   "`dvc repro study/dvc.yaml` (~35 min a cell on a 2-core AMD family 25 model 17), after which this "
+                   "xfail goes")
 def test_study_pipeline_is_up_to_date():
     """study/dvc.lock matches the code, params and committed metrics: the study need not be rerun."""
     from dpnrepro import dvc_graph
