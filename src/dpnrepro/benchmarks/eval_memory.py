@@ -18,9 +18,10 @@ than that is missed) and the most anonymous memory held *between* batches (``hel
 each batch's heap trim, when the batch itself is gone). Within a batch the model's activations come and
 go (~200 MiB at 56 px, batch 500) and the heap's fragmentation lifts each batch's peak a little more than
 the last (tens of MiB over 20 batches, nothing kept); between batches only what evaluation keeps is left
-(logits, features, a kept split), so that level grows with the split only if something of it is kept. The child
-opts out of transparent huge pages (``prctl``): where the kernel's policy is ``always``, khugepaged turns
-partly used 2 MiB regions resident at its own pace, which adds tens of MiB of noise to a longer run's peak. Allocator modes (:data:`ALLOCATORS`):
+(logits, features, a kept split), so that level grows with the split only if something of it is kept.
+The child opts out of transparent huge pages (``prctl``): where the kernel's policy is ``always``,
+khugepaged turns partly used 2 MiB regions resident at its own pace, which adds tens of MiB of noise to a
+longer run's peak. Allocator modes (:data:`ALLOCATORS`):
 ``trim`` is the code as it runs (:class:`dpnrepro.allocator.HeapTrimmed`), ``none`` the same without the
 trim (glibc's own policy), ``fixed`` without the trim but with glibc's mmap threshold fixed at 128 KiB
 (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does), the alternative that was measured and not chosen. The
@@ -131,24 +132,22 @@ def disable_transparent_huge_pages() -> bool:
 
 
 class AnonPeak:
-    """The highest ``RssAnon`` (KiB) of this process seen while the ``with`` block runs, sampled by a
-    daemon thread every ``interval`` seconds (Linux has no high-water mark of anonymous memory alone)."""
+    """The highest ``RssAnon`` (KiB) of this process seen while the ``with`` block runs (``kb``; ``start``:
+    the level on entry), sampled by a daemon thread every ``interval`` seconds (Linux has no high-water
+    mark of anonymous memory alone)."""
 
     def __init__(self, interval: float = 0.005):
-        self.interval, self.kb = interval, 0
-
-    @staticmethod
-    def rss_anon_kb() -> int:
-        return status_kb("RssAnon")
+        self.interval, self.kb, self.start = interval, 0, 0
 
     def _sample(self):
         while not self._stop.wait(self.interval):
-            self.kb = max(self.kb, self.rss_anon_kb())
+            self.kb = max(self.kb, status_kb("RssAnon"))
 
     def __enter__(self):
         import threading
 
-        self.kb, self._stop = self.rss_anon_kb(), threading.Event()
+        self.start = self.kb = status_kb("RssAnon")
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -156,7 +155,7 @@ class AnonPeak:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.kb = max(self.kb, self.rss_anon_kb())
+        self.kb = max(self.kb, status_kb("RssAnon"))
 
 
 def _rss_kb() -> int:
@@ -193,25 +192,27 @@ def evaluate_once(prepared: Path, run: Path, image_size: int, profile: str = "pa
     load_run_model(run)  # imports and first allocations before the baseline
     baseline = _rss_kb()
     kw = dict(batch_size=cfg.runtime.eval_batch_size, device="cpu", progress=False)
-    baseline_anon = AnonPeak.rss_anon_kb()
     held, trim = [], heap.release_free_heap
 
     def trim_and_record():  # HeapTrimmed calls it after each batch, once the consumer let go of it
         released = trim()
-        held.append(AnonPeak.rss_anon_kb())
+        held.append(status_kb("RssAnon"))
         return released
 
     heap.release_free_heap = trim_and_record
     start = time.perf_counter()
-    with AnonPeak() as anon:
-        top1 = evaluate_run(run, prepared, input_cfg, **kw)
-        few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws, l2_reg=fs.l2_reg,
-                                   train_split=fs.train_split, test_split=fs.test_split, resize=resize,
-                                   pool_size=fs.pool_size, **kw)
+    try:
+        with AnonPeak() as anon:
+            top1 = evaluate_run(run, prepared, input_cfg, **kw)
+            few = evaluate_fewshot_run(run, prepared, input_cfg, shots=fs.shots, draws=fs.draws,
+                                       l2_reg=fs.l2_reg, train_split=fs.train_split, test_split=fs.test_split,
+                                       resize=resize, pool_size=fs.pool_size, **kw)
+    finally:
+        heap.release_free_heap = trim
     seconds = time.perf_counter() - start
-    heap.release_free_heap = trim
-    return {"held_anon_kb": max(held), "batches": len(held), "peak_rss_kb": peak_rss_kb(), "baseline_rss_kb": baseline, "peak_anon_kb": anon.kb,
-            "baseline_anon_kb": baseline_anon, "eval_seconds": round(seconds, 2),
+    return {"held_anon_kb": max(held), "batches": len(held), "peak_rss_kb": peak_rss_kb(),
+            "baseline_rss_kb": baseline, "peak_anon_kb": anon.kb, "baseline_anon_kb": anon.start,
+            "eval_seconds": round(seconds, 2),
             "val_examples": top1["val_examples"], "minival_examples": top1["minival_examples"],
             "fewshot_test_examples": few["fewshot_test_examples"], "fewshot_train_pool": few["fewshot_train_pool"],
             "batch_size": kw["batch_size"]}
