@@ -125,13 +125,6 @@ def test_committed_report_regenerates_from_committed_metrics(tmp_path):
         assert path.read_bytes() == committed.read_bytes(), f"{committed} is not what its metrics give"
 
 
-@pytest.mark.xfail(strict=True, reason="the study's two Mu-4 long cells and study_report depend on code changed since "
-                   "they ran (lazy imports, resume state, checksums, data loading, batched evaluation, seeding, shared "
-                   "evaluation passes, MKL's branch through its API, one safetensors reader; no bit of the smoke "
-                   "pipeline's outputs changed); every other cell was rerun after them, byte-identical; they wait for "
-                   "`dvc repro study/dvc.yaml` (not timed; the Mu-7 long cells took ~11 min each on a 2-core AMD "
-                   "family 25 model 17), after which this "
-                   "xfail goes")
 def test_study_pipeline_is_up_to_date():
     """study/dvc.lock matches the code, params and committed metrics: the study need not be rerun."""
     from dpnrepro import dvc_graph
