@@ -1,4 +1,4 @@
-"""The smoke tables can fail: every Table 3 / Table 7 cell of the committed metrics learned (above chance by
+"""The smoke tables can fail: every Table 1, 2, 3 and 7 cell of the committed metrics learned (above chance by
 :data:`stats.LEARNED_MARGIN`), the fine-tune starts from the pretrained weights, and the VTAB label rule's
 labels carry the signal a model learns from."""
 
@@ -66,6 +66,21 @@ def test_every_table7_row_learned_above_its_majority_class_rate():
     rows = [row for stems in summary.values() for stem, rows in stems.items() if not stem.startswith("delta_")
             for row in rows.values()]
     assert len(rows) == 3 * len(metrics["runs"]) and all(row["learned"] for row in rows)
+
+
+@pytest.mark.parametrize("table", ["table1", "table2"])
+def test_every_table1_and_table2_cell_learned_above_chance(table):
+    """Each stem's mean of every block, top-1 and few-shot alike, on the class-balanced Fashion-MNIST `val`
+    split (100 images per class): chance is 1/K. The smoke fine-tunes once sat at exactly chance (10.0 %)
+    with a zero head bias, their 20 steps spent learning the sigmoid loss's class prior."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert params["data"]["name"] == "fashion_mnist", "chance below assumes the balanced Fashion-MNIST val split"
+    chance = 100 / params["data"]["num_classes"]
+    summary = json.loads((ROOT / "metrics" / f"{table}_summary.json").read_text())
+    cells = {f"{sweep} {arch} {stem}": cell["mean"] for sweep, archs in summary.items()
+             for arch, stems in archs.items() for stem, cell in stems.items() if not stem.startswith("delta_")}
+    failed = [f"{name}: {mean:.1f} %" for name, mean in cells.items() if not learned(mean, chance)]
+    assert len(cells) == 12 and not failed, f"at chance ({chance:g} %, margin {LEARNED_MARGIN:g} points): {failed}"
 
 
 # ---------------------------------------------------------------------------------------------------
