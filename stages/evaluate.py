@@ -44,6 +44,12 @@ def main() -> None:
                 print(f"wrote {out} ({len(metrics['runs'])} runs)")
 
 
+def majority_rate(split: dict) -> float:
+    """The % of a split's images that carry its most common class (the manifest's counts): the top-1 of always
+    predicting it, the score of a model that learned nothing (the reports' chance, stats.learned)."""
+    return 100.0 * max(split["class_counts"]) / split["examples"]
+
+
 def evaluate_sweep(params, name: str, resolved, ctx) -> dict:
     """The metrics of every run of sweep ``name`` (``resolved``), scored in the session ``ctx`` by the sweep's evaluator."""
     evaluator = SWEEPS[name].evaluate
@@ -65,7 +71,7 @@ def evaluate_sweep(params, name: str, resolved, ctx) -> dict:
         "profile": params.profile, "dataset": params.data.name, "sweep": name,
         "evaluate": evaluator, "recipe": describe_recipe(read_config(resolved[0].dir)),
         "data": {"name": params.data.name, "train_examples": splits["train"]["examples"],
-                 "val_examples": splits["val"]["examples"]},
+                 "val_examples": splits["val"]["examples"], "majority_val": majority_rate(splits["val"])},
         "runs": runs}
 
 

@@ -260,3 +260,16 @@ def test_recipe_text_names_the_pretraining_data_of_upstream_sweeps():
     assert jft.endswith("; trained on `data_jft`: fashion_mnist_hierarchy (multi-label, 14 classes)"), jft
     assert "trained on" not in described("table1")
     assert "repeats 3" in described("deit") and "mixup 0.8" in described("deit")
+
+
+def test_recipe_text_resolves_a_prior_head_bias():
+    """``head_bias_init: prior`` (a documented value) is printed as the logit(1/K) it resolves to; the
+    recipe line once crashed at evaluation on it (a ``:g`` format of the string)."""
+    from dpnrepro.artifacts import describe_recipe
+    from dpnrepro.config.params import load_params
+    from dpnrepro.config.sweeps import SWEEPS, sweep_config
+
+    config = {"dataset": SWEEPS["ft384"].dataset,
+              **sweep_config(load_params(REPO_ROOT / "params.yaml"), "ft384", "Mu-7").recipe()}
+    config["model"]["head_bias_init"] = "prior"
+    assert "head bias logit(1/10) = -2.2;" in describe_recipe(config)

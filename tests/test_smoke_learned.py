@@ -81,6 +81,10 @@ def test_every_table1_and_table2_cell_learned_above_chance(table):
              for arch, stems in archs.items() for stem, cell in stems.items() if not stem.startswith("delta_")}
     failed = [f"{name}: {mean:.1f} %" for name, mean in cells.items() if not learned(mean, chance)]
     assert len(cells) == 12 and not failed, f"at chance ({chance:g} %, margin {LEARNED_MARGIN:g} points): {failed}"
+    # the report's own flag agrees: the evaluate stage's majority_val is that same 1/K
+    flags = [cell for archs in summary.values() for stems in archs.values() for stem, cell in stems.items()
+             if not stem.startswith("delta_")]
+    assert all(cell["chance"] == pytest.approx(chance) and cell["learned"] for cell in flags)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -134,15 +134,16 @@ def test_no_other_module_compares_an_interval_to_zero():
         assert not hits, (path.relative_to(REPO).as_posix(), hits)
 
 
-def _fewshot_metrics(seeds: int, draws: int) -> dict:
-    """A few-shot sweep where DPN beats conv by 6 points on every draw of every seed (±0.2)."""
+def _fewshot_metrics(seeds: int, draws: int, conv: float = 38.0) -> dict:
+    """A few-shot sweep where DPN beats conv (``conv`` %) by 6 points on every draw of every seed (±0.2), on a
+    `val` split whose majority class is 10 %."""
     runs = {}
-    for stem, offset in (("conv", 38.0), ("dpn", 44.0)):
+    for stem, offset in (("conv", conv), ("dpn", conv + 6.0)):
         for seed in range(seeds):
             accs = [offset + 0.2 * ((seed + d) % 3) + (0.1 * seed if stem == "dpn" else 0.0) for d in range(draws)]
             runs[f"{stem}_s{seed}"] = {"arch": "Mu-7", "stem": stem, "seed": seed, "fewshot_5shot_top1": sum(accs) / draws,
                                        "fewshot_5shot_top1_draws": accs}
-    return {"evaluate": "fewshot", "runs": runs}
+    return {"evaluate": "fewshot", "data": {"majority_val": 10.0}, "runs": runs}
 
 
 def test_table2_draws_of_one_training_run_are_shown_but_never_decide():
@@ -154,6 +155,19 @@ def test_table2_draws_of_one_training_run_are_shown_but_never_decide():
     head = headline.tables_1_2({"jft_220k": {"Mu-7": entry}})["jft_220k"]["Mu-7"]["dpn-conv"]
     assert head["verdict"] == "not resolved (1 training run)"
     assert index.verdict_counts([delta]) == "1: 0 better, 0 worse, 1 not resolved"
+
+
+def test_tables_1_and_2_give_no_verdict_where_a_side_is_at_chance():
+    """The docs' "learned first" rule holds in Tables 1 and 2 as in 3, 5 and 7: conv at 16 %, less than 10
+    points above a majority class of 10 %, learned nothing, so DPN's resolved +6 (22 %) gets ``no verdict`` in
+    the summary's flag and the headline."""
+    summary = tables.summarize_sweep(_fewshot_metrics(seeds=3, draws=5, conv=16.0))
+    entry = summary["Mu-7"]
+    assert entry["conv"]["learned"] is False and entry["dpn"]["learned"] is True
+    assert entry["delta_dpn"]["verdict"] == "better" and entry["delta_dpn"]["at_chance"] == ["conv"]
+    assert headline.tables_1_2({"jft_220k": summary})["jft_220k"]["Mu-7"]["dpn-conv"]["verdict"] == "no verdict"
+    learned = tables.summarize_sweep(_fewshot_metrics(seeds=3, draws=5))["Mu-7"]
+    assert learned["conv"]["learned"] and learned["delta_dpn"]["learned"]
 
 
 @pytest.mark.parametrize("seeds", [2, 3])

@@ -13,6 +13,7 @@ Evaluation, fine-tuning and reports read runs through this module, never through
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -166,6 +167,16 @@ def read_summary(run_path: str | Path) -> dict:
     return json.loads((Path(run_path) / SUMMARY_FILE).read_text())
 
 
+def head_bias_text(head_bias_init: float | str, num_classes: int | None = None) -> str:
+    """A recipe's initial head bias as the reports print it: the number, or ``prior`` (logit(1/K)), resolved
+    for ``num_classes`` where a run's K is known (``config.core.ModelParams.head_bias``)."""
+    if head_bias_init != "prior":
+        return f"{head_bias_init:g}"
+    if num_classes is None:
+        return "logit(1/K), K the task's classes"
+    return f"logit(1/{num_classes}) = {-math.log(num_classes - 1):.3g}"
+
+
 def describe_recipe(config: dict) -> str:
     """One line saying how a run was trained, from its resolved ``config.json`` (reports print it)."""
     t, i, m, d = config["train"], config["input"], config["model"], config["data"]
@@ -173,7 +184,7 @@ def describe_recipe(config: dict) -> str:
     text = (f"{t['optimizer']} lr {t['lr']:g}, wd {t['weight_decay']:g}, batch {t['batch_size']}, {t['steps']} steps "
             f"({t['warmup_steps']} warm-up, {t['schedule']}), clip {t['grad_clip']:g}, {t['loss']}"
             f"{smoothing}, {i['image_size']}px, "
-            f"pool {m['pool']}, posemb {m['posemb']}, head bias {m['head_bias_init']:g}")
+            f"pool {m['pool']}, posemb {m['posemb']}, head bias {head_bias_text(m['head_bias_init'], d['num_classes'])}")
     aug = [f"randaug {i['randaug']}" if i["randaug"] else "", f"mixup {i['mixup']:g}" if i["mixup"] else "",
            f"cutmix {i['cutmix']:g}" if i["cutmix"] else "",
            f"erasing {i['random_erasing']:g}" if i["random_erasing"] else "",

@@ -23,6 +23,7 @@ def build_table(table: int, metrics_dir: str | Path = "metrics", reports_dir: st
         "profile": first["profile"],
         "dataset": f"{first['data']['name']} (train {first['data']['train_examples']} images)",
         "val_examples": first["data"]["val_examples"],
+        "chance": first["data"]["majority_val"],
         "hardware": "; ".join(hardware),
         "recipes": {s: m["recipe"] + (f"; fine-tuned from `{SWEEPS[s].init_from}`" if SWEEPS[s].init_from else "")
                     for s, m in metrics.items()},

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpnrepro.reports.paper import load_paper_table
-from dpnrepro.stats import MIN_PAIRS, fmt_ci, fmt_p, mean_ci95, paired_by_seed, seed_means, verdict_text
+from dpnrepro.stats import (LEARNED_MARGIN, MIN_PAIRS, fmt_ci, fmt_p, learned_cell, learned_delta, mean_ci95,
+                            paired_by_seed, seed_means, verdict_text)
 
 BASE_STEM = "conv"
 
@@ -74,20 +75,24 @@ def _samples(run: dict, evaluate: str) -> float | list[float]:
     return run["val_top1"]
 
 
-def _cell(per_seed: dict[int, float | list[float]], over_draws: bool) -> dict:
-    """A stem's mean ± 95 % CI: over seeds (draws averaged within each), or over the draws of one seed."""
+def _cell(per_seed: dict[int, float | list[float]], over_draws: bool, chance: float) -> dict:
+    """A stem's mean ± 95 % CI: over seeds (draws averaged within each), or over the draws of one seed; and
+    whether that mean learned (:func:`stats.learned_cell` against ``chance``)."""
     seeds = sorted(per_seed)
     values = list(per_seed[seeds[0]]) if over_draws and len(seeds) == 1 else \
         [seed_means(per_seed)[s] for s in seeds]
     mean, ci = mean_ci95(values)
     return {"mean": mean, "ci95": ci, "n": len(values),
-            "over": "few-shot draws" if over_draws and len(seeds) == 1 else "seeds", "seeds": seeds}
+            "over": "few-shot draws" if over_draws and len(seeds) == 1 else "seeds", "seeds": seeds,
+            **learned_cell(mean, chance)}
 
 
 def summarize_sweep(metrics: dict) -> dict:
-    """{arch: {stem: {mean, ci95, n, over, seeds}, 'delta_<stem>': paired_by_seed(stem, base) + {vs}}} for
-    one sweep."""
+    """{arch: {stem: {mean, ci95, n, over, seeds, chance, learned}, 'delta_<stem>': paired_by_seed(stem, base)
+    + {vs} + stats.learned_delta} for one sweep. Chance: the `val` split's majority-class rate, which both
+    evaluators score on (top-1, and few-shot on the same split)."""
     evaluate = metrics.get("evaluate", "top1")
+    chance = metrics["data"]["majority_val"]
     by: dict[str, dict[str, dict]] = {}
     for run in metrics["runs"].values():
         by.setdefault(run["arch"], {}).setdefault(run["stem"], {})[run["seed"]] = _samples(run, evaluate)
@@ -96,9 +101,11 @@ def summarize_sweep(metrics: dict) -> dict:
         entry = {}
         base = BASE_STEM if BASE_STEM in stems else sorted(stems)[0]
         for stem, per_seed in sorted(stems.items()):
-            entry[stem] = _cell(per_seed, evaluate == "fewshot")
+            entry[stem] = _cell(per_seed, evaluate == "fewshot", chance)
+        for stem, per_seed in sorted(stems.items()):
             if stem != base:
-                entry[f"delta_{stem}"] = {**paired_by_seed(per_seed, stems[base]), "vs": base}
+                entry[f"delta_{stem}"] = {**paired_by_seed(per_seed, stems[base]), "vs": base,
+                                          **learned_delta({s: entry[s] for s in (base, stem)})}
         out[arch] = entry
     return out
 
@@ -177,6 +184,8 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
         f"worse when the CI excludes 0 over at least {MIN_PAIRS} training seeds, else not resolved (a block with "
         "fewer seeds says how many; its Δ over draws is shown, not judged). "
         "Paper columns: the printed values with the paper's 95 % CI, for the same arch.",
+        f"- Chance: {context['chance']:.1f} %, the `val` split's majority-class rate; a mean less than "
+        f"{LEARNED_MARGIN:g} points above it is *at chance* (it learned nothing: no verdict on its Δ).",
         f"- Hardware: {context['hardware']}.",
         "",
     ]
@@ -203,10 +212,12 @@ def render_markdown(table: int, metrics: dict[str, dict], summaries: dict[str, d
         lines.append("|---|" + "---|" * (len(stems) + 3 * len(others) + 3))
         paper_by_arch = {r["arch"]: r for r in paper_rows(table, block)}
         for arch, e in summary.items():
-            cells = [fmt_ci(e[s]["mean"], e[s]["ci95"], 2) if s in e else "—" for s in stems]
+            cells = [fmt_ci(e[s]["mean"], e[s]["ci95"], 2) + (" *at chance*" if not e[s]["learned"] else "")
+                     if s in e else "—" for s in stems]
             for s in others:
                 d = e.get(f"delta_{s}")
-                cells += ["—"] * 3 if d is None else [fmt_delta(d), fmt_p(d["p"]), verdict_text(d)]
+                cells += ["—"] * 3 if d is None else [fmt_delta(d), fmt_p(d["p"]),
+                                                      verdict_text(d) if d["learned"] else "no verdict"]
             label = _our_arch(arch, block)
             row = paper_by_arch.get(label)
             cells += ([_printed(row["base"]), _printed(row["dpn"]), f"{paper_delta(row):+.1f}"] if row

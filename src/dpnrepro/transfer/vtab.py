@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dpnrepro.artifacts import read_spec, run_dir
+from dpnrepro.artifacts import head_bias_text, read_spec, run_dir
 from dpnrepro.config.runtime import RuntimeParams
 from dpnrepro.config.params import Params
 from dpnrepro.config.transfer import VTAB_INIT_SWEEP, vtab_config
@@ -35,11 +35,7 @@ def recipe_line(inp, model, train) -> str:
             f"({train.warmup_steps} warm-up, {train.schedule}), clip {train.grad_clip:g}, {train.loss}, "
             f"{inp.image_size}px{' inception crop (train),' if inp.inception_crop else ''} "
             f"{'whole frame resized (squash)' if inp.squash else 'resize_small | central crop'}"
-            f"{', flip' if inp.flip else ''}, head re-initialised (bias {bias_text(model.head_bias_init)})")
-
-
-def bias_text(head_bias_init) -> str:
-    return "logit(1/K), K the task's classes" if head_bias_init == "prior" else f"{head_bias_init:g}"
+            f"{', flip' if inp.flip else ''}, head re-initialised (bias {head_bias_text(model.head_bias_init)})")
 
 
 def run_vtab(params: Params, *, ctx=None, progress: bool = True) -> dict:
