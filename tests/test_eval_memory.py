@@ -15,7 +15,7 @@ def test_evaluation_keeps_nothing_of_a_split_between_batches_at_4x_its_size(tmp_
     # The smoke evaluation of one run (top-1 on minival + val, few-shot train -> val) on real Fashion-MNIST
     # at the smoke sizes and SCALE x, each in a fresh process. What it holds between batches (the anonymous
     # memory after each batch's heap trim, the batch gone) grows by the logits and features it keeps
-    # (~0.4 MiB per 1,000 extra val images: ~4 MiB at 10x); a kept split (a list of its batches, the old
+    # (~0.5 MiB per 1,000 extra val images: 1.5 MiB measured at 4x); a kept split (a list of its batches, the old
     # per-process cache) adds 3 MiB per 1,000 extra images as uint8 at 56 px (12 as float32). The bound is
     # half the uint8 figure, so it fails a kept split by the same factor at any scale; 4x rather than 10x
     # (the benchmark's) costs the suite a third of the images to encode and evaluate.
@@ -53,7 +53,7 @@ def test_evaluation_batches_hand_the_free_heap_back_after_each_batch(monkeypatch
 
 
 def test_a_scale_repeats_only_while_no_process_peaked_within_its_bound(monkeypatch, tmp_path):
-    # The 10x check above runs its second process only when the first peaked above the bound: the lowest
+    # The larger-split check above runs its second process only when the first peaked above the bound: the lowest
     # peak of the processes it runs is then what the full repeats would give, as far as the bound goes.
     import json
     import subprocess

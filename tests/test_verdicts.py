@@ -161,11 +161,17 @@ def test_tables_1_and_2_give_no_verdict_where_a_side_is_at_chance():
     """The docs' "learned first" rule holds in Tables 1 and 2 as in 3, 5 and 7: conv at 16 %, less than 10
     points above a majority class of 10 %, learned nothing, so DPN's resolved +6 (22 %) gets ``no verdict`` in
     the summary's flag and the headline."""
-    summary = tables.summarize_sweep(_fewshot_metrics(seeds=3, draws=5, conv=16.0))
+    metrics = {**_fewshot_metrics(seeds=3, draws=5, conv=16.0), "recipe": "r"}
+    summary = tables.summarize_sweep(metrics)
     entry = summary["Mu-7"]
     assert entry["conv"]["learned"] is False and entry["dpn"]["learned"] is True
     assert entry["delta_dpn"]["verdict"] == "better" and entry["delta_dpn"]["at_chance"] == ["conv"]
     assert headline.tables_1_2({"jft_220k": summary})["jft_220k"]["Mu-7"]["dpn-conv"]["verdict"] == "no verdict"
+    context = {"profile": "smoke", "dataset": "d", "val_examples": 1000, "chance": 10.0, "hardware": "h",
+               "recipes": {"jft_220k": "r"}}
+    row = next(line for line in tables.render_markdown(2, {"jft_220k": metrics}, {"jft_220k": summary},
+                                                        context).splitlines() if line.startswith("| Mu-7 |"))
+    assert "*at chance*" in row and "| no verdict |" in row and "better" not in row, row
     learned = tables.summarize_sweep(_fewshot_metrics(seeds=3, draws=5))["Mu-7"]
     assert learned["conv"]["learned"] and learned["delta_dpn"]["learned"]
 
