@@ -160,7 +160,7 @@ def test_table2_draws_of_one_training_run_are_shown_but_never_decide():
 def test_tables_1_and_2_give_no_verdict_where_a_side_is_at_chance():
     """The docs' "learned first" rule holds in Tables 1 and 2 as in 3, 5 and 7: conv at 16 %, less than 10
     points above a majority class of 10 %, learned nothing, so DPN's resolved +6 (22 %) gets ``no verdict`` in
-    the summary's flag and the headline."""
+    the summary's flag, the headline and the Markdown row."""
     metrics = {**_fewshot_metrics(seeds=3, draws=5, conv=16.0), "recipe": "r"}
     summary = tables.summarize_sweep(metrics)
     entry = summary["Mu-7"]
